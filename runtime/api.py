@@ -1,0 +1,74 @@
+"""The Python API the server, the validator and the benchmarks share.
+
+``load_model(path)`` gives a ``DecisionModel`` for a verified package (the torch reference runner)
+or for a validated engine directory (its engine runner). A request is answered in three steps so
+that a scheduler can admit, queue, batch and time it:
+
+    plan = model.plan(body)          # validation + tokenization + trees; RequestError on a bad request
+    result = model.execute([plan])[0]  # backbone runner + CPU heads (batches several plans)
+    response = model.finish(plan, result)  # answers in request order, keys in the reference's order
+
+``model.answer(body)`` does all three. ``model.expired(plan)`` is the response of a plan whose
+deadline passed before it ran.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from .registry import Registry
+
+
+class Plan(Protocol):
+    input_tokens: int  # tokens the plan will run (usage.input_tokens of the response)
+    question_count: int
+
+
+class DecisionModel(Protocol):
+    id: str  # the served model id
+    family: str  # vela2 | omnijev
+    engine: str  # torch | onnxruntime | tensorrt
+    device: str  # cpu | cuda
+
+    def card(self) -> dict[str, Any]: ...
+
+    def golden_request(self) -> dict[str, Any]: ...
+
+    def plan(self, body: dict[str, Any]) -> Plan: ...
+
+    def execute(self, plans: Sequence[Plan]) -> list[Any]: ...
+
+    def finish(self, plan: Plan, result: Any) -> dict[str, Any]: ...
+
+    def expired(self, plan: Plan) -> dict[str, Any]: ...
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    registry: Registry | None = None,
+    device: str = "cpu",
+) -> DecisionModel:
+    """A servable model from a package directory or an engine directory (``manifest.json`` present)."""
+    path = Path(path)
+    registry = registry or Registry.load()
+    if (path / "manifest.json").is_file():
+        from .engine import load_engine_model
+
+        return load_engine_model(path, registry, device)
+    from .package import verify
+
+    package = verify(path, registry)
+    if package.family == "vela2":
+        from .vela2.model import Vela2Model
+
+        return Vela2Model.from_package(package, device=device)
+    if package.family == "omnijev":
+        from .omnijev.model import OmniJevModel
+
+        return OmniJevModel.from_package(package, device=device)
+    raise ValueError(f"no model for family {package.family}")

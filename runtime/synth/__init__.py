@@ -1,0 +1,1 @@
+"""Synthetic members: the released layout, tensor names and configs, with deterministic random weights."""

@@ -1,0 +1,1 @@
+"""Server: the Starlette app, the wire contract, admission, and the ``s1omni`` command line."""

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import argparse
+
+from . import add_registry
+
+HELP = "download a member's pinned revision from the Hugging Face Hub, then verify it"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("member", metavar="MEMBER", help="registry name, e.g. Vela-2.0-4B")
+    parser.add_argument("--out", required=True, metavar="DIR")
+    add_registry(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from runtime.fetch import fetch
+    from runtime.registry import Registry
+
+    package = fetch(Registry.load(args.registry), args.member, args.out)
+    print(f"ok {package.member.name}@{package.member.revision} in {args.out}")
+    return 0

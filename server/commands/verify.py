@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+import argparse
+
+from . import add_registry
+
+HELP = "verify a member package against its pins (every file's SHA-256, identity, parameter count)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("package", metavar="PKG", help="package directory")
+    add_registry(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from runtime.package import verify
+    from runtime.registry import Registry
+
+    package = verify(args.package, Registry.load(args.registry))
+    member = package.member
+    print(f"ok {member.name}@{member.revision} ({member.family}, {len(package.files)} files, identity {package.model_sha256})")
+    return 0
