@@ -217,7 +217,7 @@ def _tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     if leaf == "slot":
         return 0.5 * torch.randn(shape, generator=g)
     fan_in = shape[-1] if len(shape) == 2 else shape[-1] * shape[1]
-    scale = 4.0 if leaf in ("scalar", "v") else 1.0
+    scale = 2.0 if leaf == "scalar" else 1.0
     return scale * torch.randn(shape, generator=g) / fan_in**0.5
 
 

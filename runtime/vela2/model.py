@@ -1,0 +1,339 @@
+"""A Vela 2.0 decoder member bound to a backbone runner: plan, execute, finish.
+
+The same class serves the torch reference (from a verified package) and every engine (from an
+engine directory): only the runner differs. Heads run on the CPU in float32 on the hidden states
+the runner returns at the readout positions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DEADLINE_EXCEEDED, MAX_LENGTH_EXCEEDED, SCAN_BUDGET_EXCEEDED, RequestError, item_error
+from ..package import VerifiedPackage
+from ..runners.base import BackboneRunner, Tree
+from .answers import Answerer, RawRow, RawSpan
+from .calibration import BROAD, ROUTER, Calibration
+from .dispatch import Dispatcher
+from .heads import CandidateHead, SpanHead, read_tensors
+from .layout import DecoderLayout, EncodedPart, RenderedBlock, Row, RowTrees, SchemaTooLong, Tokens, runner_tree
+from .request import MAX_LABELS, MAX_LEVELS, MAX_OPTIONS, MIN_LEVELS, MIN_OPTIONS, QUESTION_TYPES, QuestionReader, ReadRequest
+
+UNCOVERED_LOGIT = -30.0
+HEAD_PREFIXES = ("head.", "set_bias", "span2.")
+API_VERSION = "2.1.0"
+# The readiness request of the reference family (vllm_srun/families/vela2/family.py GOLDEN_*).
+GOLDEN_REQUEST = {
+    "state": {
+        "request": "Hi, I'm Tom Baker (tom.baker@example.com). What is the maximum daily dose of paracetamol for an adult?",
+        "source": "For adults, the maximum dose of paracetamol is 4 grams in 24 hours.",
+        "answer": "Adults can take up to 6 grams of paracetamol in 24 hours.",
+    },
+    "questions": {
+        "domain": {
+            "type": "choice",
+            "instructions": "Which subject area is this request about?",
+            "over": "request",
+            "criteria": {
+                "health": "medicine, clinical practice or nutrition",
+                "math": "arithmetic, algebra or statistics",
+                "other": "a subject that fits none of the listed areas",
+            },
+        },
+        "jailbreak": {"type": "noul", "instructions": "Is this a prompt injection or jailbreak attempt?", "over": "request"},
+        "urgency": {
+            "type": "score",
+            "instructions": "How urgent is this request?",
+            "over": "request",
+            "criteria": ["Routine", "Needs prompt attention", "Critical"],
+        },
+        "topics": {
+            "type": "set",
+            "instructions": "Which topics does the request mention?",
+            "over": "request",
+            "criteria": {"medication": "drugs or doses", "billing": "payments or invoices"},
+        },
+        "pii": {"preset": "pii", "over": "request"},
+        "halu": {"preset": "halu"},
+    },
+}
+
+
+@dataclass
+class Vela2Plan:
+    """A validated, tokenized request: its rows (None where the schema does not fit) and trees."""
+
+    request: ReadRequest
+    rows: list[tuple[Row, RowTrees | None]]
+    trees: list[tuple[Tree, list[RenderedBlock]]] = field(default_factory=list)
+    input_tokens: int = 0
+
+    @property
+    def question_count(self) -> int:
+        return len(self.request.question_ids)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What the card and ``meta`` report about the member and its engine."""
+
+    name: str
+    repo: str
+    revision: str
+    model_sha256: str
+    manifest_sha256: str
+    licence: str
+    parameters: int
+    synthetic: bool
+
+
+def identity_of(package: VerifiedPackage) -> Identity:
+    member = package.member
+    return Identity(
+        name=member.name,
+        repo=member.repo,
+        revision=member.revision,
+        model_sha256=package.model_sha256,
+        manifest_sha256=package.details["manifest_sha256"],
+        licence=member.licence,
+        parameters=package.details["parameters"],
+        synthetic=member.synthetic,
+    )
+
+
+class Vela2Model:
+    family = "vela2"
+
+    def __init__(
+        self,
+        identity: Identity,
+        config: dict[str, Any],
+        calibration: dict[str, Any],
+        tokenizer_path: Path,
+        heads: dict[str, np.ndarray],
+        runner: BackboneRunner,
+        noul_calibration: bool | None = None,
+    ):
+        from tokenizers import Tokenizer
+
+        self.identity = identity
+        self.id = identity.name
+        self.config = config
+        self.runner = runner
+        self.engine = runner.name
+        self.device = runner.device
+        self.calibration = Calibration(calibration)
+        self.candidate = CandidateHead({k[5:]: v for k, v in heads.items() if k.startswith("head.")})
+        self.set_bias = np.float32(heads["set_bias"])
+        self.spans = {ROUTER: SpanHead({k[6:]: v for k, v in heads.items() if k.startswith("span2.")}, "span2.")}
+        broad = {k[11:]: v for k, v in heads.items() if k.startswith("span_broad.")}
+        if broad:
+            self.spans[BROAD] = SpanHead(broad, "span_broad.")
+        tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self.tokens = Tokens(tokenizer)
+        self.reader = QuestionReader(self.calibration, broad_head=BROAD in self.spans)
+        self.layout = DecoderLayout(config, Dispatcher(self.calibration, BROAD in self.spans), self.tokens)
+        enabled = self.calibration.noul_default() if noul_calibration is None else noul_calibration
+        self.answerer = Answerer(self.calibration, noul_calibration=enabled, report_heads=BROAD in self.spans)
+
+    @classmethod
+    def from_package(cls, package: VerifiedPackage, device: str = "cpu") -> Vela2Model:
+        """The torch reference runner over a verified package."""
+        from ..runners.torch_runner import TorchRunner
+
+        details = package.details
+        root = package.root
+        shards = [root / name for name in details["shards"]]
+        heads = read_tensors(shards, HEAD_PREFIXES)
+        if details["broad_head"]:
+            heads |= read_tensors([root / "broad_head.safetensors"], ("span_broad.",))
+        runner = TorchRunner.from_package(details["config"]["backbone_config"], shards, device)
+        return cls(identity_of(package), details["config"], details["calibration"], root / "tokenizer.json", heads, runner)
+
+    # -- the card --------------------------------------------------------------------------------
+
+    def card(self) -> dict[str, Any]:
+        identity = self.identity
+        card: dict[str, Any] = {
+            "id": self.id,
+            "object": "model",
+            "owned_by": identity.repo.split("/")[0],
+            "family": self.family,
+            "repo": identity.repo,
+            "revision": identity.revision,
+            "model_sha256": identity.model_sha256,
+            "manifest_sha256": identity.manifest_sha256,
+            "surfaces": ["decisions"],
+            "question_types": list(QUESTION_TYPES),
+            "limits": {
+                "max_input_tokens": int(self.config["max_length"]),
+                "min_options": MIN_OPTIONS,
+                "max_options": MAX_OPTIONS,
+                "min_levels": MIN_LEVELS,
+                "max_levels": MAX_LEVELS,
+                "max_labels": MAX_LABELS,
+            },
+            "licence": identity.licence,
+            "profile": "exact",
+            "profiles": [{"name": "exact", "numerics": self.numerics(), "description": "the reference layout and head math"}],
+            "engine": self.engine,
+            "accelerator": self.device,
+            "device": self.device,
+            "dtype": "bf16-autocast/fp32-heads" if self.runner.precision == "bf16" else "fp32",
+            "parameters": identity.parameters,
+            "presets": list(self.reader.presets),
+        }
+        if identity.synthetic:
+            card["weights"] = "random (synthetic member)"
+        return card
+
+    def numerics(self) -> str:
+        return f"{self.runner.name}/{self.runner.precision} backbone, float32 heads"
+
+    def golden_request(self) -> dict[str, Any]:
+        return json.loads(json.dumps(GOLDEN_REQUEST))
+
+    # -- plan ------------------------------------------------------------------------------------
+
+    def plan(self, body: dict[str, Any]) -> Vela2Plan:
+        """Validation, tokenization and trees; ``RequestError`` for a request no question survives."""
+        if "state" not in body:
+            raise RequestError("invalid_request", "state is required")
+        questions = body.get("questions")
+        if not isinstance(questions, dict) or not questions:
+            raise RequestError("invalid_request", "questions must be an object with at least one question")
+        try:
+            request = self.reader.read(body["state"], questions)
+        except ValueError as exc:
+            raise RequestError("invalid_request", str(exc)) from exc
+        if not request.questions:
+            reasons = "; ".join(f"{qid}: {error.get('message', error['error'])}" for qid, error in request.errors.items())
+            raise RequestError("invalid_request", f"no question is valid ({reasons})")
+        questions_kept = list(request.questions)
+        parts = self.layout.encode(request, questions_kept)
+        budget = (body.get("options") or {}).get("max_tokens")
+        if budget is not None:
+            questions_kept = self._scan_budget(request, questions_kept, parts, int(budget))
+        plan = Vela2Plan(request, [])
+        for row in self.layout.rows(questions_kept, parts):
+            try:
+                trees = self.layout.trees(row)
+            except SchemaTooLong:
+                plan.rows.append((row, None))
+                continue
+            plan.rows.append((row, trees))
+            plan.input_tokens += trees.tokens
+            plan.trees += [(runner_tree(prefix, blocks), blocks) for prefix, blocks in trees.trees]
+        return plan
+
+    @staticmethod
+    def _scan_budget(request: ReadRequest, questions: list, parts: list[EncodedPart], budget: int) -> list:
+        """Questions that read a part longer than ``options.max_tokens`` fail with scan_budget_exceeded."""
+        over = {part.role for part in parts if len(part.ids) > budget}
+        kept = []
+        for question in questions:
+            if over.intersection(question.roles):
+                request.errors[question.id] = item_error(question.kind, SCAN_BUDGET_EXCEEDED)
+            else:
+                kept.append(question)
+        return kept
+
+    # -- execute ---------------------------------------------------------------------------------
+
+    def execute(self, plans: Sequence[Vela2Plan]) -> list[dict[int, np.ndarray]]:
+        """The runner over every tree of ``plans`` at once, then the heads; per plan, outputs by block."""
+        trees = [tree for plan in plans for tree, _ in plan.trees]
+        hidden = self.runner.run(trees) if trees else []
+        results: list[dict[int, np.ndarray]] = []
+        cursor = 0
+        for plan in plans:
+            outputs: dict[int, np.ndarray] = {}
+            for _, blocks in plan.trees:
+                for block, rows in zip(blocks, hidden[cursor], strict=True):
+                    outputs[id(block)] = self._read(block, rows)
+                cursor += 1
+            results.append(outputs)
+        return results
+
+    def _read(self, block: RenderedBlock, rows: np.ndarray) -> np.ndarray:
+        """Head output of one block from its readout rows (see ``RenderedBlock.readouts``)."""
+        if not block.is_span:
+            logits = self.candidate(rows[:-1], rows[-1])
+            return logits + self.set_bias if block.question.type == "set" else logits
+        sizes = [end - start + 1 for start, end in zip(block.starts, block.ends, strict=True)]
+        bounds = np.cumsum([0, *sizes])
+        labels = np.stack([rows[a:b].mean(0) for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+        words = rows[bounds[-1] :]
+        if not len(words):
+            return np.zeros((0, len(sizes)), np.float32)
+        return self.spans[block.head](words, labels)
+
+    # -- finish ----------------------------------------------------------------------------------
+
+    def finish(self, plan: Vela2Plan, outputs: dict[int, np.ndarray]) -> dict[str, Any]:
+        request = plan.request
+        raws: dict[str, RawRow | None] = {}
+        for row, trees in plan.rows:
+            raw = None if trees is None else self._combine(trees, outputs)
+            for question in row.questions:
+                raws[question.id] = raw
+        by_id = {question.id: question for question in request.questions}
+        response: dict[str, Any] = {"answers": {}}
+        for question_id in request.question_ids:
+            if question_id in request.errors:
+                response["answers"][question_id] = request.errors[question_id]
+                continue
+            question = by_id[question_id]
+            raw = raws.get(question_id)
+            if raw is None:
+                response["answers"][question_id] = item_error(question.kind, MAX_LENGTH_EXCEEDED)
+                continue
+            self.answerer.answer(question, raw, request.state, response)
+        ordered = {"answers": response["answers"], "usage": {"input_tokens": plan.input_tokens, "output_tokens": 0}}
+        for key in ("spans", "span_heads", "sets", "thresholds"):
+            if key in response:
+                ordered[key] = response[key]
+        return ordered
+
+    @staticmethod
+    def _combine(trees: RowTrees, outputs: dict[int, np.ndarray]) -> RawRow:
+        raw = RawRow(tokens={part.role: len(part.ids) for part in trees.row.parts}, input_tokens=trees.tokens)
+        for block in trees.blocks:
+            raw.logits[block.question.id] = outputs[id(block)]
+        span = trees.span
+        if span is None:
+            return raw
+        if not trees.windows:
+            logits, offsets = np.asarray(outputs[id(span)], np.float64), span.word_offsets
+        else:
+            words = trees.row.part(span.question.over).words  # type: ignore[arg-type, union-attr]
+            total = np.zeros((len(words), len(span.question.options)), np.float64)
+            counts = np.zeros(len(words), np.float64)
+            for window in trees.windows:
+                total[window.word_index] += outputs[id(window)]
+                counts[window.word_index] += 1
+            logits = np.where(counts[:, None] > 0, total / np.maximum(counts, 1)[:, None], UNCOVERED_LOGIT)
+            offsets = words.offsets
+        raw.span = RawSpan(span.question.names, offsets, logits, span.head, span.alias)
+        return raw
+
+    def expired(self, plan: Vela2Plan) -> dict[str, Any]:
+        """Every question not already failed answers ``deadline_exceeded``; nothing ran."""
+        request = plan.request
+        kinds = {question.id: question.kind for question in request.questions}
+        answers = {
+            qid: request.errors.get(qid) or item_error(kinds[qid], DEADLINE_EXCEEDED) for qid in request.question_ids
+        }
+        return {"answers": answers, "usage": {"input_tokens": 0, "output_tokens": 0}}
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        plan = self.plan(body)
+        return self.finish(plan, self.execute([plan])[0])
