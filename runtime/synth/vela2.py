@@ -61,8 +61,9 @@ TOKENIZER_VOCAB = 2048
 MAX_LENGTH = 16384
 
 
-def member_name(size: str, seed: int) -> str:
-    return f"vela2-synth-{size}-s{seed}"
+def member_name(size: str, seed: int, max_length: int = MAX_LENGTH) -> str:
+    """A synthetic member's own name (never a released one); a shortened input limit is part of it."""
+    return f"vela2-synth-{size}-s{seed}" + ("" if max_length == MAX_LENGTH else f"-L{max_length}")
 
 
 def backbone_config(size: Size) -> dict[str, Any]:
@@ -107,7 +108,7 @@ def config(size_name: str, seed: int, max_length: int = MAX_LENGTH) -> dict[str,
         "architectures": ["Vela2DecoderModel"],
         "model_type": "vela2-decoder",
         "format_version": 1,
-        "model_name": member_name(size_name, seed),
+        "model_name": member_name(size_name, seed, max_length),
         "backbone_config": backbone_config(size),
         "head_dim": size.head_dim,
         "span_head": {"d": size.span_d, "slots": size.slots},
@@ -274,7 +275,7 @@ def write(out: str | Path, size_name: str = "tiny", seed: int = 0, max_length: i
         files = {name: digests.get(name) or sha256_file(stage / name) for name in loaded}
         (stage / "SHA256SUMS").write_text("".join(f"{files[n]}  {n}\n" for n in loaded), encoding="utf-8")
     parameters = sum(int(torch.Size(s).numel()) for group in shapes.values() for _, s in group)
-    name = member_name(size_name, seed)
+    name = member_name(size_name, seed, max_length)
     identity = sha256_json(digests)
     return Member(
         name=name,

@@ -1,0 +1,43 @@
+"""Shared fixtures: a private s1omni home and registry, and synthetic members made once per session."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Tests never touch the user's ~/.cache/s1omni: every registry write goes to a session home.
+_HOME = Path(tempfile.mkdtemp(prefix="s1omni-tests-"))
+os.environ["S1OMNI_HOME"] = str(_HOME)
+os.environ.pop("S1OMNI_REGISTRY", None)
+
+
+@pytest.fixture(scope="session")
+def s1omni_home() -> Path:
+    return _HOME
+
+
+def make_vela_member(out: Path, seed: int = 0, max_length: int | None = None) -> Path:
+    """A tiny synthetic Vela member at ``out`` with its entry in the session registry."""
+    from runtime.registry import user_registry, write_entry
+    from runtime.synth import vela2
+
+    member = vela2.write(out, "tiny", seed, **({"max_length": max_length} if max_length else {}))
+    write_entry(user_registry(), member)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_vela(s1omni_home: Path) -> Path:
+    """The tiny synthetic Vela 2.0 member (seed 0), verified by the gate whenever it is loaded."""
+    return make_vela_member(s1omni_home / "vela2-tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_vela: Path):
+    """The tiny member on the torch reference runner."""
+    from runtime.api import load_model
+
+    return load_model(tiny_vela)
