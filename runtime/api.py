@@ -52,6 +52,7 @@ def load_model(
     path: str | os.PathLike[str],
     registry: Registry | None = None,
     device: str = "cpu",
+    precision: str | None = None,
 ) -> DecisionModel:
     """A servable model from a package directory or an engine directory (``manifest.json`` present)."""
     path = Path(path)
@@ -66,7 +67,7 @@ def load_model(
     if package.family == "vela2":
         from .vela2.model import Vela2Model
 
-        return Vela2Model.from_package(package, device=device)
+        return Vela2Model.from_package(package, device=device, precision=precision)
     if package.family == "omnijev":
         from .omnijev.model import OmniJevModel
 

@@ -60,19 +60,27 @@ def load_backbone(backbone_config: dict[str, Any], shards: Sequence[Path], prefi
 class TorchRunner:
     name = "torch"
 
-    def __init__(self, model, device: str = "cpu"):
+    def __init__(self, model, device: str = "cpu", precision: str | None = None):
+        """``precision`` bf16 (the reference's GPU policy: BF16 autocast) or fp32 (TF32 off on a GPU)."""
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"
-        self.precision = "bf16" if self.device == "cuda" else "fp32"
+        self.precision = precision or ("bf16" if self.device == "cuda" else "fp32")
+        if self.device == "cpu" and self.precision != "fp32":
+            raise ValueError("the CPU reference runs in float32")
+        if self.device == "cuda" and self.precision == "fp32":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         self.model = model.to(device)
         self.hidden_size = int(model.config.hidden_size)
         self._torch_device = torch.device(device)
 
     @classmethod
-    def from_package(cls, backbone_config: dict[str, Any], shards: Sequence[Path], device: str = "cpu") -> TorchRunner:
-        return cls(load_backbone(backbone_config, shards), device)
+    def from_package(
+        cls, backbone_config: dict[str, Any], shards: Sequence[Path], device: str = "cpu", precision: str | None = None
+    ) -> TorchRunner:
+        return cls(load_backbone(backbone_config, shards), device, precision)
 
     def _autocast(self):
-        if self.device == "cuda":
+        if self.precision == "bf16":
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 

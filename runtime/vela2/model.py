@@ -145,7 +145,7 @@ class Vela2Model:
         self.answerer = Answerer(self.calibration, noul_calibration=enabled, report_heads=BROAD in self.spans)
 
     @classmethod
-    def from_package(cls, package: VerifiedPackage, device: str = "cpu") -> Vela2Model:
+    def from_package(cls, package: VerifiedPackage, device: str = "cpu", precision: str | None = None) -> Vela2Model:
         """The torch reference runner over a verified package."""
         from ..runners.torch_runner import TorchRunner
 
@@ -155,7 +155,7 @@ class Vela2Model:
         heads = read_tensors(shards, HEAD_PREFIXES)
         if details["broad_head"]:
             heads |= read_tensors([root / "broad_head.safetensors"], ("span_broad.",))
-        runner = TorchRunner.from_package(details["config"]["backbone_config"], shards, device)
+        runner = TorchRunner.from_package(details["config"]["backbone_config"], shards, device, precision)
         return cls(identity_of(package), details["config"], details["calibration"], root / "tokenizer.json", heads, runner)
 
     # -- the card --------------------------------------------------------------------------------
@@ -251,15 +251,17 @@ class Vela2Model:
     def execute(self, plans: Sequence[Vela2Plan]) -> list[dict[int, np.ndarray]]:
         """The runner over every tree of ``plans`` at once, then the heads; per plan, outputs by block."""
         trees = [tree for plan in plans for tree, _ in plan.trees]
-        hidden = self.runner.run(trees) if trees else []
+        return self.read(plans, self.runner.run(trees) if trees else [])
+
+    def read(self, plans: Sequence[Vela2Plan], hidden: Sequence[Sequence[np.ndarray]]) -> list[dict[int, np.ndarray]]:
+        """Head outputs from the runner's hidden states (per tree of ``plans`` in order, per block)."""
         results: list[dict[int, np.ndarray]] = []
-        cursor = 0
+        trees = iter(hidden)
         for plan in plans:
             outputs: dict[int, np.ndarray] = {}
             for _, blocks in plan.trees:
-                for block, rows in zip(blocks, hidden[cursor], strict=True):
+                for block, rows in zip(blocks, next(trees), strict=True):
                     outputs[id(block)] = self._read(block, rows)
-                cursor += 1
             results.append(outputs)
         return results
 

@@ -1,0 +1,94 @@
+"""Answer-level comparison of an engine's JSON answers with the reference's, per case.
+
+Decisions are the choice key, the score's most probable level, a noul's side of 0.5, a set's
+selected labels and a span question's set of (label, start, end). Probabilities are every
+probability the answers report (choice and score probabilities, abstain, noul, set labels, the
+probability of spans both sides found).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class CaseStats:
+    max_probability: float = 0.0
+    max_score: float = 0.0
+    decisions: int = 0
+    same_decisions: int = 0
+    margin_decisions: int = 0  # decisions whose reference top-two margin is at least the gate's margin
+    same_margin_decisions: int = 0
+    span_sets: int = 0
+    same_span_sets: int = 0
+    usage_equal: bool = True
+    problems: list[str] = field(default_factory=list)
+
+
+def _margin(probabilities: dict[str, float]) -> float:
+    ranked = sorted(probabilities.values(), reverse=True)
+    return ranked[0] - ranked[1] if len(ranked) > 1 else 1.0
+
+
+def _argmax(probabilities: dict[str, float]) -> str:
+    return max(probabilities, key=lambda key: probabilities[key])
+
+
+def compare(reference: dict[str, Any], engine: dict[str, Any], margin: float) -> CaseStats:
+    stats = CaseStats(usage_equal=reference["usage"] == engine["usage"])
+    if not stats.usage_equal:
+        stats.problems.append(f"usage {engine['usage']} != {reference['usage']}")
+
+    def probability(a: float, b: float) -> None:
+        stats.max_probability = max(stats.max_probability, abs(a - b))
+
+    def decision(same: bool, top_two: float, what: str) -> None:
+        stats.decisions += 1
+        stats.same_decisions += same
+        if top_two >= margin:
+            stats.margin_decisions += 1
+            stats.same_margin_decisions += same
+        if not same:
+            stats.problems.append(what)
+
+    for key, ref in reference["answers"].items():
+        got = engine["answers"].get(key)
+        if got is None or ("error" in ref) != ("error" in got):
+            stats.problems.append(f"{key}: {got} vs {ref}")
+            stats.decisions += 1
+            continue
+        if "error" in ref:
+            decision(ref["error"] == got["error"], 1.0, f"{key}: error {got['error']} != {ref['error']}")
+        elif ref["type"] == "choice":
+            for option, p in ref["probabilities"].items():
+                probability(p, got["probabilities"][option])
+            probability(ref["abstain_probability"], got["abstain_probability"])
+            decision(ref["choice"] == got["choice"], _margin(ref["probabilities"]), f"{key}: {got['choice']} != {ref['choice']}")
+        elif ref["type"] == "score":
+            for level, p in ref["probabilities"].items():
+                probability(p, got["probabilities"][level])
+            stats.max_score = max(stats.max_score, abs(ref["score"] - got["score"]))
+            same = _argmax(ref["probabilities"]) == _argmax(got["probabilities"])
+            decision(same, _margin(ref["probabilities"]), f"{key}: level {_argmax(got['probabilities'])}")
+        else:
+            probability(ref["noul"], got["noul"])
+            same = (ref["noul"] > 0.5) == (got["noul"] > 0.5)
+            decision(same, abs(ref["noul"] - 0.5) * 2, f"{key}: noul {got['noul']:.6f} vs {ref['noul']:.6f}")
+    for key, ref in reference.get("sets", {}).items():
+        got = engine.get("sets", {}).get(key, {"selected": None})
+        decision(ref["selected"] == got["selected"], 1.0, f"sets.{key}: {got['selected']} != {ref['selected']}")
+    for key, ref in reference.get("spans", {}).items():
+        got = engine.get("spans", {}).get(key, [])
+        ref_set = {(s["label"], s["start"], s["end"]): s["probability"] for s in ref}
+        got_set = {(s["label"], s["start"], s["end"]): s["probability"] for s in got}
+        stats.span_sets += 1
+        stats.same_span_sets += ref_set.keys() == got_set.keys()
+        if ref_set.keys() != got_set.keys():
+            stats.problems.append(f"spans.{key}: {len(got_set)} spans vs {len(ref_set)}")
+        for span in ref_set.keys() & got_set.keys():
+            probability(ref_set[span], got_set[span])
+    for key, ref in reference.get("thresholds", {}).items():
+        if abs(ref - engine.get("thresholds", {}).get(key, float("nan"))) > 1e-12:
+            stats.problems.append(f"thresholds.{key} differs")
+    return stats

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+import argparse
+
+from . import add_registry
+
+HELP = "verify a member package and export its backbone to ONNX, its heads to float32 safetensors"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("package", metavar="PKG", help="package directory")
+    parser.add_argument("--out", required=True, metavar="DIR", help="export directory (replaced atomically)")
+    add_registry(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from export.package_export import export_package
+    from runtime.registry import Registry
+
+    manifest = export_package(args.package, args.out, Registry.load(args.registry))
+    graphs = sorted(name for name in manifest["files"] if name.endswith(".onnx"))
+    print(f"exported {manifest['member']['name']}@{manifest['member']['revision']} to {args.out}: {', '.join(graphs)}")
+    return 0
