@@ -86,6 +86,7 @@ def build(export_dir: str | os.PathLike[str], backend: str, target: str, out: st
                 "family": manifest["family"],
                 "member": manifest["member"],
                 "source": {"export_files": manifest["files"], **manifest["source"]},
+                "export_dir": str(export_dir.resolve()),
                 **record,
                 "validation": None,
             },

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -12,6 +13,10 @@ import pytest
 _HOME = Path(tempfile.mkdtemp(prefix="s1omni-tests-"))
 os.environ["S1OMNI_HOME"] = str(_HOME)
 os.environ.pop("S1OMNI_REGISTRY", None)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ HIDDEN, STATE = 16, 8
 
 
 def manifest(target: str = "sm_89", library: str = "tensorrt", version: str = "10.13.3.9") -> dict:
-    return {"member": "vela2-synth-tiny-s0", "target": target, "library": library, "library_version": version}
+    return {"export_dir": "exports/tiny", "target": target, "library": library, "library_version": version}
 
 
 def test_refuses_a_plan_for_another_compute_capability():
@@ -26,7 +26,7 @@ def test_refuses_a_plan_for_another_compute_capability():
         check_plan(manifest("sm_89"), "sm_90", "tensorrt", "10.13.3.9")
     message = str(refused.value)
     assert "built for sm_89" in message and "this sm_90 GPU" in message
-    assert "s1omni build vela2-synth-tiny-s0 --backend tensorrt --target sm_90" in message
+    assert "s1omni build exports/tiny --backend tensorrt --target sm_90" in message
 
 
 def test_refuses_another_library_or_version_and_a_missing_gpu():

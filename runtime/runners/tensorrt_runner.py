@@ -106,7 +106,8 @@ def device_compute_capability(device: int = 0) -> str | None:
 
 
 def rebuild_command(manifest: dict[str, Any], target: str) -> str:
-    return f"s1omni build {manifest.get('member', '<member>')} --backend tensorrt --target {target}"
+    """The build that makes this engine for ``target``, from the export it was built from."""
+    return f"s1omni build {manifest.get('export_dir', 'EXPORT_DIR')} --backend tensorrt --target {target}"
 
 
 def check_plan(manifest: dict[str, Any], device_cc: str | None, library: str, library_version: str) -> None:
