@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.members import make_vela_member
+
 # Tests never touch the user's ~/.cache/s1omni: every registry write goes to a session home.
 _HOME = Path(tempfile.mkdtemp(prefix="s1omni-tests-"))
 os.environ["S1OMNI_HOME"] = str(_HOME)
@@ -22,16 +24,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(scope="session")
 def s1omni_home() -> Path:
     return _HOME
-
-
-def make_vela_member(out: Path, seed: int = 0, max_length: int | None = None) -> Path:
-    """A tiny synthetic Vela member at ``out`` with its entry in the session registry."""
-    from runtime.registry import user_registry, write_entry
-    from runtime.synth import vela2
-
-    member = vela2.write(out, "tiny", seed, **({"max_length": max_length} if max_length else {}))
-    write_entry(user_registry(), member)
-    return out
 
 
 @pytest.fixture(scope="session")

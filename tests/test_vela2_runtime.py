@@ -10,7 +10,7 @@ import pytest
 
 from runtime.errors import RequestError
 from runtime.runners.base import Block, Prefix
-from tests.conftest import make_vela_member
+from tests.members import make_vela_member
 
 WORDS = "Alice Müller visited 東京 and wrote to alice.m@example.com about https://example.org/x?y=1 (urgent). "
 

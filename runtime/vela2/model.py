@@ -27,7 +27,6 @@ from .request import MAX_LABELS, MAX_LEVELS, MAX_OPTIONS, MIN_LEVELS, MIN_OPTION
 
 UNCOVERED_LOGIT = -30.0
 HEAD_PREFIXES = ("head.", "set_bias", "span2.")
-API_VERSION = "2.1.0"
 # The readiness request of the reference family (vllm_srun/families/vela2/family.py GOLDEN_*).
 GOLDEN_REQUEST = {
     "state": {
@@ -183,7 +182,7 @@ class Vela2Model:
             },
             "licence": identity.licence,
             "profile": "exact",
-            "profiles": [{"name": "exact", "numerics": self.numerics(), "description": "the reference layout and head math"}],
+            "profiles": [{"name": "exact", "numerics": self.numerics(), "description": self.backbone_description()}],
             "engine": self.engine,
             "accelerator": self.device,
             "device": self.device,
@@ -196,7 +195,11 @@ class Vela2Model:
         return card
 
     def numerics(self) -> str:
-        return f"{self.runner.name}/{self.runner.precision} backbone, float32 heads"
+        """``exact`` for float32 backbones (the reference's numerics); ``approximate`` for reduced precision."""
+        return "exact" if self.runner.precision == "fp32" else "approximate"
+
+    def backbone_description(self) -> str:
+        return f"the reference layout and head math; {self.runner.name}/{self.runner.precision} backbone, float32 heads"
 
     def golden_request(self) -> dict[str, Any]:
         return json.loads(json.dumps(GOLDEN_REQUEST))

@@ -1,0 +1,142 @@
+"""The HTTP routes: ``/v1/systemone`` (alias ``/v1/decisions``), ``/v1/models``, ``/health``,
+``/health/live`` and ``/metrics`` (vllm-project/semantic-router:src/model-runtime/vllm_srun/api/app.py).
+
+The body is read against ``max_request_bytes``: a declared ``Content-Length`` over it is answered
+413 before a byte is read, and a streamed body is counted as it arrives and refused as soon as it
+passes the limit. Routes of surfaces other families serve answer 422 ``unsupported_surface``; an
+unknown route 404 and a wrong method 405, both ``invalid_request``. Errors are
+``{"error": {"code", "message"}}``; 429 carries ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from runtime.errors import RequestError
+
+from . import wire
+from .access import CLIENT_CLOSED, Access
+from .metrics import CONTENT_TYPE
+from .service import API_VERSION, Service
+
+log = logging.getLogger("s1omni.server")
+
+JSON = "application/json"
+OTHER_SURFACES = ("/v1/classify", "/v1/embeddings", "/v1/rerank")
+RETRY_AFTER_S = 1
+
+
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(wire.encode(content), status_code=status, headers=headers, media_type=JSON)
+
+
+def _error(request: Request, error: RequestError, status: int | None = None, headers: dict[str, str] | None = None) -> Response:
+    """The contract's error body; ``status`` overrides the code's own (404 and 405 are ``invalid_request``)."""
+    request.state.code = error.code
+    if error.code == "overloaded":
+        headers = {**(headers or {}), "Retry-After": str(RETRY_AFTER_S)}
+    return _json(error.body(), status or error.status, headers)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    too_large = RequestError("request_too_large", f"the request body exceeds {limit} bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
+
+
+def create_app(service: Service) -> ASGIApp:
+    config = service.config
+
+    async def decisions(request: Request) -> Response:
+        timing = request.state.timing
+        service.inflight += 1
+        arrival = None
+        try:
+            arrival = service.arrive()
+            raw = await _read_body(request, config.max_request_bytes)
+            body = wire.decode(raw)
+            timing.parse = time.perf_counter() - timing.started
+            content, request.state.tokens = await service.decide(body, len(raw), timing, arrival)
+            mark = time.perf_counter()
+            payload = wire.encode(content)
+            timing.serialize = time.perf_counter() - mark
+        except RequestError as exc:
+            return _error(request, exc)
+        except ClientDisconnect:  # gone while its body was arriving: nothing was admitted
+            return Response(status_code=CLIENT_CLOSED)
+        except Exception as exc:
+            log.exception("request failed")
+            return _error(request, RequestError("internal_error", f"{type(exc).__name__}: {exc}"))
+        finally:
+            service.inflight -= 1
+            if arrival is not None:
+                arrival.close()
+        if await request.is_disconnected():
+            return Response(status_code=CLIENT_CLOSED)
+        return Response(payload, media_type=JSON)
+
+    async def unsupported(request: Request) -> Response:
+        message = f"{request.url.path} is not served here: this server answers /v1/systemone and /v1/decisions"
+        return _error(request, RequestError("unsupported_surface", message))
+
+    async def models(request: Request) -> Response:
+        return _json(service.models())
+
+    async def health(request: Request) -> Response:
+        if not service.ready:
+            request.state.code = "not_ready"
+            return _json(service.health(), 503)
+        return _json(service.health())
+
+    async def live(request: Request) -> Response:
+        return _json({"api_version": API_VERSION, "status": "alive"})
+
+    async def metrics(request: Request) -> Response:
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _error(request, RequestError("invalid_request", f"no route {request.url.path}"), 404)
+
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        allow = exc.headers if isinstance(exc, HTTPException) else None  # keeps the Allow header
+        message = f"{request.method} is not allowed on {request.url.path}"
+        return _error(request, RequestError("invalid_request", message), 405, allow)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await anyio.sleep(0)  # loads anyio's backend now rather than in the first request (~30 ms)
+        service.start(asyncio.get_running_loop())
+        yield
+        service.stop(config.drain_timeout_s)
+
+    routes = [
+        Route("/v1/systemone", decisions, methods=["POST"]),
+        Route("/v1/decisions", decisions, methods=["POST"]),
+        *(Route(path, unsupported, methods=["POST"]) for path in OTHER_SURFACES),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/health/live", live, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed}, lifespan=lifespan)
+    return Access(app, service.metrics, frozenset(route.path for route in routes))

@@ -1,0 +1,20 @@
+"""Every process option of ``s1omni serve`` in one typed object, with the reference's defaults
+(vllm-project/semantic-router:src/model-runtime/vllm_srun/config.py ``ServeConfig``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .scheduler import Limits
+
+DEFAULT_PORT = 8000
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    max_request_bytes: int = 8 << 20
+    limits: Limits = field(default_factory=Limits)
+    # How long SIGTERM waits for requests in flight before the process stops anyway.
+    drain_timeout_s: float = 30.0

@@ -1,0 +1,65 @@
+"""Run the app under uvicorn, with a drain on SIGTERM or SIGINT.
+
+The first signal stops admission (new decisions requests and ``/health`` answer 503 ``not_ready``)
+while the listener stays open, so that a load balancer sees the server leave rather than a refused
+connection. Once no request is in flight (or ``drain_timeout_s`` has passed) uvicorn shuts down as
+usual: it closes the listener, lets open responses finish, then the model worker stops. A second
+signal skips the rest of the drain and the process ends by that signal.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import FrameType
+
+import uvicorn
+
+from .app import create_app
+from .service import Service
+
+log = logging.getLogger("s1omni.server")
+# Once drained, what is left are responses being written: this long at most.
+CLOSE_TIMEOUT_S = 5
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, service: Service):
+        super().__init__(config)
+        self.service = service
+        self.drain_until: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain_until is not None:
+            super().handle_exit(sig, frame)
+            return
+        self.drain_until = time.monotonic() + self.service.config.drain_timeout_s
+        self.service.begin_drain()
+        log.info("draining: %d requests in flight", self.service.inflight)
+
+    async def on_tick(self, counter: int) -> bool:
+        if await super().on_tick(counter):
+            return True
+        if self.drain_until is None:
+            return False
+        if self.service.drained():
+            log.info("drained; stopping")
+            return True
+        if time.monotonic() > self.drain_until:
+            log.warning("stopping with %d requests still in flight", self.service.inflight)
+            return True
+        return False
+
+
+def serve(service: Service, log_level: str = "info") -> None:
+    config = service.config
+    uvicorn_config = uvicorn.Config(
+        create_app(service),
+        host=config.host,
+        port=config.port,
+        log_level=log_level,
+        access_log=False,  # server.access logs each request with its timings
+        lifespan="on",
+        timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
+    )
+    DrainingServer(uvicorn_config, service).run()

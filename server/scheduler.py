@@ -1,0 +1,217 @@
+"""Admission, deadlines and the model worker thread.
+
+Requests are planned before they reach the queue, so the queue only holds runnable plans. Admission
+counts every admitted job not yet answered (queued or running) and refuses a whole group (a
+request and its ``states``) or none of it: 429 ``overloaded`` once the jobs would pass
+``max_queue`` or, with anything pending, their tokens ``max_queued_tokens``
+(vllm-project/semantic-router:src/model-runtime/vllm_srun/scheduler/scheduler.py ``submit_group``).
+
+One worker thread owns the model, which is not re-entrant. It waits for a job, then holds a short
+batching window while other requests are on their way (read, parsed, planned, not yet admitted:
+``Arrival``), so that requests arriving together share a forward while a lone request never waits
+for nobody. Then it takes the oldest job and the queued jobs of its profile that fit one forward's
+token budget and plan count, in arrival order.
+A job whose deadline has passed by then is not run: it is answered ``EXPIRED``. Whatever happens to
+the client, an admitted job runs (or expires) and is answered, and only then leaves the counts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.api import Plan
+from runtime.errors import RequestError
+
+from .metrics import Metrics
+
+log = logging.getLogger("s1omni.server")
+
+EXPIRED = object()  # a job's result when its deadline passed before it ran
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_queue: int = 256
+    max_queued_tokens: int = 1 << 22
+    batch_window_s: float = 0.002
+    max_batch_tokens: int = 65_536
+    max_batch_plans: int = 32
+
+
+@dataclass(eq=False)
+class Job:
+    """One plan on its way through the worker; ``future`` gets its result or ``EXPIRED``."""
+
+    plan: Plan
+    profile: str
+    deadline: float | None  # time.perf_counter() after which it is not run
+    future: Future[Any] = field(default_factory=Future)
+    enqueued: float = 0.0
+    batch: int = -1  # the forward that ran it, and when that forward started and ended
+    started: float = 0.0
+    ended: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.plan.input_tokens
+
+
+class Arrival:
+    """A request between its first byte and its admission; closing it twice is harmless."""
+
+    def __init__(self, arrived: Callable[[], None]):
+        self._arrived = arrived
+        self._open = True
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            self._arrived()
+
+
+class Scheduler:
+    def __init__(self, execute: Callable[[Sequence[Plan]], list[Any]], limits: Limits, metrics: Metrics):
+        self._execute = execute
+        self.limits = limits
+        self._metrics = metrics
+        self._queue: deque[Job] = deque()
+        self._lock = threading.Condition()
+        self._pending_jobs = 0
+        self._pending_tokens = 0
+        self._arriving = 0
+        self._closed = False
+        self._batches = itertools.count()
+        self._thread = threading.Thread(target=self._loop, name="s1omni-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float) -> bool:
+        """Admit nothing more, let the worker answer what is queued and exit; whether it has."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def depth(self) -> int:
+        """Jobs waiting for the worker."""
+        with self._lock:
+            return len(self._queue)
+
+    def pending(self) -> tuple[int, int]:
+        """Admitted jobs not yet answered, and their tokens."""
+        with self._lock:
+            return self._pending_jobs, self._pending_tokens
+
+    def arrive(self) -> Arrival:
+        with self._lock:
+            self._arriving += 1
+        return Arrival(self._arrived)
+
+    def _arrived(self) -> None:
+        with self._lock:
+            self._arriving -= 1
+            self._lock.notify_all()
+
+    def submit(self, jobs: Sequence[Job], arrival: Arrival | None = None) -> None:
+        """Queue a group of jobs, all or none; ``RequestError`` 429 past the limits, 503 once closed."""
+        if arrival is not None:
+            arrival.close()
+        tokens = sum(job.tokens for job in jobs)
+        now = time.perf_counter()
+        with self._lock:
+            if self._closed:
+                raise RequestError("not_ready", "the server is shutting down")
+            if self._pending_jobs + len(jobs) > self.limits.max_queue or (
+                self._pending_jobs and self._pending_tokens + tokens > self.limits.max_queued_tokens
+            ):
+                raise RequestError("overloaded", "the request queue is full; retry later")
+            for job in jobs:
+                job.enqueued = now
+            self._pending_jobs += len(jobs)
+            self._pending_tokens += tokens
+            self._queue.extend(jobs)
+            self._lock.notify_all()
+
+    def _take(self) -> list[Job] | None:
+        """The next batch, after its batching window; None once closed and empty."""
+        limits = self.limits
+        with self._lock:
+            while not self._queue and not self._closed:
+                self._lock.wait()
+            if not self._queue:
+                return None
+            end = self._queue[0].enqueued + limits.batch_window_s
+            while not self._closed and self._arriving and len(self._queue) < limits.max_batch_plans:
+                remaining = end - time.perf_counter()
+                if remaining <= 0:
+                    break
+                self._lock.wait(remaining)
+            first = self._queue.popleft()
+            batch, tokens, kept = [first], first.tokens, deque()
+            while self._queue:
+                job = self._queue.popleft()
+                fits = len(batch) < limits.max_batch_plans and tokens + job.tokens <= limits.max_batch_tokens
+                if fits and job.profile == first.profile:
+                    batch.append(job)
+                    tokens += job.tokens
+                else:
+                    kept.append(job)
+            self._queue = kept
+            return batch
+
+    def _answer(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._pending_jobs -= 1
+            self._pending_tokens -= job.tokens
+        try:
+            if error is not None:
+                job.future.set_exception(error)
+            else:
+                job.future.set_result(result)
+        except InvalidStateError:
+            pass  # its waiter was cancelled (a forced shutdown); the job still counted until now
+
+    def _loop(self) -> None:
+        while (batch := self._take()) is not None:
+            now = time.perf_counter()
+            runnable = []
+            for job in batch:
+                if job.deadline is not None and now > job.deadline:
+                    self._metrics.expired.inc()
+                    self._answer(job, EXPIRED)
+                else:
+                    runnable.append(job)
+            if runnable:
+                self._run(runnable)
+
+    def _run(self, jobs: list[Job]) -> None:
+        """One forward for ``jobs``; if it fails, each job again alone, so only the culprit fails."""
+        started = time.perf_counter()
+        try:
+            results = self._execute([job.plan for job in jobs])
+            if len(results) != len(jobs):
+                raise RuntimeError(f"model.execute answered {len(results)} results for {len(jobs)} plans")
+        except Exception as exc:
+            if len(jobs) > 1:
+                for job in jobs:
+                    self._run([job])
+                return
+            log.exception("model.execute failed")
+            self._answer(jobs[0], error=exc)
+            return
+        ended = time.perf_counter()
+        batch = next(self._batches)
+        self._metrics.forward(ended - started, len(jobs), sum(job.tokens for job in jobs))
+        for job, result in zip(jobs, results, strict=True):
+            job.batch, job.started, job.ended = batch, started, ended
+            self._answer(job, result)

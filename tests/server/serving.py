@@ -1,0 +1,106 @@
+"""What the HTTP tests share: a ``s1omni serve`` subprocess and readers of its answers."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+S1OMNI = Path(sys.executable).with_name("s1omni")
+LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
+START_TIMEOUT_S = 180
+SERVER_TIMING = re.compile(
+    r"parse;dur=(\d+\.\d{3}), tokenize;dur=(\d+\.\d{3}), queue;dur=(\d+\.\d{3}), forward;dur=(\d+\.\d{3}), "
+    r"post;dur=(\d+\.\d{3}), serialize;dur=(\d+\.\d{3}), total;dur=(\d+\.\d{3})"
+)
+
+
+class Server:
+    """A ``s1omni serve`` subprocess; its log is kept to explain a failure."""
+
+    def __init__(self, home: Path, *args: str):
+        self.log_path = home / f"serve-{time.monotonic_ns()}.log"
+        env = {**os.environ, "S1OMNI_HOME": str(home)}
+        env.pop("S1OMNI_REGISTRY", None)
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [str(S1OMNI), "serve", *args, "--port", "0"], stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        self.url = self._listening()
+        self.client = httpx.Client(base_url=self.url, timeout=120)
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def _listening(self) -> str:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            found = LISTENING.search(self.log())
+            if found:
+                return f"http://127.0.0.1:{found.group(1)}"
+            if self.process.poll() is not None:
+                raise AssertionError(f"s1omni serve exited with {self.process.returncode}:\n{self.log()}")
+            time.sleep(0.05)
+        raise AssertionError(f"s1omni serve did not listen within {START_TIMEOUT_S} s:\n{self.log()}")
+
+    def wait_status(self, status: str) -> dict:
+        """Poll ``/health`` until it reports ``status``; its body."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            body = self.client.get("/health").json()
+            if body["status"] == status:
+                return body
+            if body["status"] == "failed" or self.process.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"/health never said {status!r} (last {body}):\n{self.log()}")
+
+    def post(self, body: object, path: str = "/v1/systemone") -> httpx.Response:
+        return self.client.post(path, json=body)
+
+    def metrics(self) -> str:
+        return self.client.get("/metrics").text
+
+    def stop(self) -> int:
+        self.client.close()
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+def stages(response: httpx.Response) -> dict[str, float]:
+    """The response's Server-Timing stages in ms; fails unless the header is complete and well formed."""
+    header = response.headers.get("server-timing", "")
+    found = SERVER_TIMING.fullmatch(header)
+    assert found, f"malformed Server-Timing {header!r}"
+    names = ("parse", "tokenize", "queue", "forward", "post", "serialize", "total")
+    return dict(zip(names, map(float, found.groups()), strict=True))
+
+
+def error(response: httpx.Response, status: int, code: str) -> str:
+    """Check a request-level error (status, body shape, Server-Timing); its message."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert list(body) == ["error"] and list(body["error"]) == ["code", "message"], body
+    assert body["error"]["code"] == code, body
+    stages(response)
+    return body["error"]["message"]
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """One sample of a Prometheus text exposition (0 when absent)."""
+    wanted = ",".join(f'{key}="{value}"' for key, value in labels.items())
+    pattern = "^" + re.escape(name + (f"{{{wanted}}}" if wanted else "")) + r" (\S+)$"
+    found = re.search(pattern, text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
