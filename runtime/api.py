@@ -25,6 +25,9 @@ from .registry import Registry
 class Plan(Protocol):
     input_tokens: int  # tokens the plan will run (usage.input_tokens of the response)
     question_count: int
+    valid_count: int  # questions that passed validation
+
+    def reasons(self) -> str: ...
 
 
 class DecisionModel(Protocol):
@@ -37,7 +40,7 @@ class DecisionModel(Protocol):
 
     def golden_request(self) -> dict[str, Any]: ...
 
-    def plan(self, body: dict[str, Any]) -> Plan: ...
+    def plan(self, body: dict[str, Any], require_valid: bool = True) -> Plan: ...
 
     def execute(self, plans: Sequence[Plan]) -> list[Any]: ...
 

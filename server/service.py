@@ -144,13 +144,18 @@ class Service:
         return work() if size <= INLINE_BYTES else await run_in_threadpool(work)
 
     def _plan(self, bodies: Sequence[dict[str, Any]], names: Sequence[str]) -> list[Plan]:
+        """A request and its states; it is refused only when no question in any of them is valid."""
         assert self.model is not None
-        plans = [self.model.plan(bodies[0])]
+        plans = [self.model.plan(bodies[0], require_valid=False)]
         for name, body in zip(names, bodies[1:], strict=True):
             try:
-                plans.append(self.model.plan(body))
+                plans.append(self.model.plan(body, require_valid=False))
             except RequestError as exc:
                 raise RequestError(exc.code, f"states[{name!r}]: {exc.message}") from exc
+        if not any(plan.valid_count for plan in plans):
+            labels = ["request", *(f"states[{name!r}]" for name in names)]
+            reasons = "; ".join(f"{label}: {plan.reasons()}" for label, plan in zip(labels, plans, strict=True))
+            raise RequestError("invalid_request", f"no question is valid ({reasons})")
         return plans
 
     async def decide(self, body: Any, size: int, timing: Timing, arrival: Arrival | None = None) -> tuple[dict[str, Any], int]:

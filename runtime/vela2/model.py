@@ -77,6 +77,13 @@ class Vela2Plan:
     def question_count(self) -> int:
         return len(self.request.question_ids)
 
+    @property
+    def valid_count(self) -> int:
+        return len(self.request.questions)
+
+    def reasons(self) -> str:
+        return "; ".join(f"{qid}: {error.get('message', error['error'])}" for qid, error in self.request.errors.items())
+
 
 @dataclass(frozen=True)
 class Identity:
@@ -206,8 +213,10 @@ class Vela2Model:
 
     # -- plan ------------------------------------------------------------------------------------
 
-    def plan(self, body: dict[str, Any]) -> Vela2Plan:
-        """Validation, tokenization and trees; ``RequestError`` for a request no question survives."""
+    def plan(self, body: dict[str, Any], require_valid: bool = True) -> Vela2Plan:
+        """Validation, tokenization and trees; ``RequestError`` for a bad state, and, with
+        ``require_valid``, for a request none of whose questions is valid (callers planning several
+        states apply that rule across all of them)."""
         if "state" not in body:
             raise RequestError("invalid_request", "state is required")
         questions = body.get("questions")
@@ -217,9 +226,8 @@ class Vela2Model:
             request = self.reader.read(body["state"], questions)
         except ValueError as exc:
             raise RequestError("invalid_request", str(exc)) from exc
-        if not request.questions:
-            reasons = "; ".join(f"{qid}: {error.get('message', error['error'])}" for qid, error in request.errors.items())
-            raise RequestError("invalid_request", f"no question is valid ({reasons})")
+        if require_valid and not request.questions:
+            raise RequestError("invalid_request", f"no question is valid ({Vela2Plan(request, []).reasons()})")
         questions_kept = list(request.questions)
         parts = self.layout.encode(request, questions_kept)
         budget = (body.get("options") or {}).get("max_tokens")

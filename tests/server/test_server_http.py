@@ -93,6 +93,18 @@ def test_states_are_answered_under_their_names(server: Server) -> None:
     assert later["usage"]["input_tokens"] != body["usage"]["input_tokens"]  # each state counts its own tokens
 
 
+def test_a_request_is_refused_only_when_no_question_in_any_state_is_valid(server: Server) -> None:
+    invalid = {"bad": {"type": "noul", "instructions": " "}}
+    later = {"later": {"state": "Where is my parcel?", "questions": NOUL}}
+    answered = server.post({"state": "x", "questions": invalid, "states": later})
+    assert answered.status_code == 200, answered.text
+    body = answered.json()
+    assert body["answers"]["bad"]["error"] == "invalid_question" and "noul" in body["states"]["later"]["answers"]["refund"]
+    refused = server.post({"state": "x", "questions": invalid, "states": {"later": {"state": "y", "questions": invalid}}})
+    message = error(refused, 400, "invalid_request")
+    assert "no question is valid" in message and "states['later']" in message
+
+
 def test_max_tokens_reaches_the_model_as_the_scan_budget(server: Server) -> None:
     body = server.post({**SMALL, "options": {"max_tokens": 1}}).json()
     assert body["answers"]["refund"]["error"] == "scan_budget_exceeded"
