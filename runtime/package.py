@@ -36,6 +36,14 @@ class FamilyGate(Protocol):
 
     def identity(self, root: Path, files: dict[str, str]) -> str: ...
 
+    def match(self, root: Path, registry: Registry) -> Member | None:
+        """The registry member a package declares itself to be, beyond a claimed name (None: no claim)."""
+        ...
+
+    def pins(self, root: Path, member: Member, files: dict[str, str]) -> dict[str, str]:
+        """Every file the package must hold, with its SHA-256 (a member's own pins, or a self-pinning manifest's)."""
+        ...
+
     def check(self, root: Path, files: dict[str, str], member: Member) -> dict[str, Any]: ...
 
 
@@ -125,10 +133,14 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 def _identify(gate: FamilyGate, root: Path, registry: Registry, identity: str, files: dict[str, str]) -> Member:
-    """The registry member a package is: by the name its config claims, else by its weights' identity."""
+    """The registry member a package is: by the name its config claims, by what its manifest
+    declares, else by its weights' identity."""
     claimed = gate.claimed_name(root)
     if claimed is not None and registry.get(claimed) is not None:
         return registry.get(claimed)  # type: ignore[return-value]
+    declared = gate.match(root, registry)
+    if declared is not None:
+        return declared
     match = registry.by_identity(identity)
     if match is not None and (claimed is None or all(match.files.get(n) == d for n, d in files.items())):
         return match
@@ -137,17 +149,18 @@ def _identify(gate: FamilyGate, root: Path, registry: Registry, identity: str, f
     raise PackageError("the package names no member and its weights match no registry entry")
 
 
-def _compare_pins(member: Member, files: dict[str, str], present: list[str]) -> None:
-    allowed = set(member.files) | {SUMS_FILE}
+def _compare_pins(member: Member, pins: dict[str, str], root: Path, files: dict[str, str], present: list[str]) -> None:
+    allowed = set(pins) | {SUMS_FILE}
     extra = [name for name in present if name not in allowed]
     if extra:
         raise PackageError(f"{extra[0]} is not pinned for {member.name}; packages hold only pinned files")
-    missing = sorted(set(member.files) - set(present))
+    missing = sorted(set(pins) - set(present))
     if missing:
         raise PackageError(f"{missing[0]} is missing from {member.name}@{member.revision}")
-    for name, digest in sorted(member.files.items()):
-        if files[name] != digest:
-            raise PackageError(f"{name} differs from {member.name}@{member.revision}: sha256 {files[name]} != pinned {digest}")
+    for name, digest in sorted(pins.items()):
+        actual = files.get(name) or sha256_file(root / name)
+        if actual != digest:
+            raise PackageError(f"{name} differs from {member.name}@{member.revision}: sha256 {actual} != pinned {digest}")
 
 
 def verify(root: str | os.PathLike[str], registry: Registry | None = None, family: str | None = None) -> VerifiedPackage:
@@ -166,7 +179,7 @@ def verify(root: str | os.PathLike[str], registry: Registry | None = None, famil
     files = {name: sha256_file(root / name) for name in loaded}
     identity = gate.identity(root, files)
     member = _identify(gate, root, registry, identity, files)
-    _compare_pins(member, files, present)
+    _compare_pins(member, gate.pins(root, member, files), root, files, present)
     sums = read_sums(root)
     for name, digest in files.items():
         if name in sums and sums[name] != digest:

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from ..digest import sha256_json
 from ..errors import PackageError
 from ..package import inside, read_json
-from ..registry import Member
+from ..registry import Member, Registry
 
 MODEL_TYPE = "vela2-decoder"
 FORMAT_VERSION = 1
@@ -72,6 +72,12 @@ class Vela2Gate:
     def identity(self, root: Path, files: dict[str, str]) -> str:
         weights = shard_names(root) + ([BROAD_HEAD_FILE] if BROAD_HEAD_FILE in files else [])
         return sha256_json({name: files[name] for name in weights})
+
+    def match(self, root: Path, registry: Registry) -> Member | None:
+        return None  # a Vela package claims its member by config.json's model_name
+
+    def pins(self, root: Path, member: Member, files: dict[str, str]) -> dict[str, str]:
+        return member.files
 
     def check(self, root: Path, files: dict[str, str], member: Member) -> dict[str, Any]:
         config = read_json(root / "config.json")

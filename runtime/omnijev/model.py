@@ -1,0 +1,299 @@
+"""OmniJev as a ``DecisionModel`` on the CPU reference path.
+
+``plan`` validates the whole request before any model work (contract, image, tokens, layout);
+``execute`` runs the vision tower once, the shared prefix once with the image embeddings at the
+placeholders and its M-RoPE positions, every (question, option) row as a block continuing from
+the prefix's state, then the LM features and heads on the CPU; ``finish`` calibrates and answers
+in the request's key order. This is ``MSO1.ask_branch`` (``tinnel123666888/OmniJev:mso/infer.py``)
+with the newer native executor's prefix reuse
+(``ThinkFlowLab/system1-omni:src/models/omnijev/native/src/executor.rs``);
+``execute(..., prefix_reuse=False)`` is that executor's ``execute_rows``: one plain causal
+forward per row, for checking that reuse changes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from tokenizers import Tokenizer
+
+from ..package import VerifiedPackage, read_json
+from ..runners.base import Block, Prefix, text_positions
+from ..runners.torch_runner import TorchRunner, load_backbone
+from . import contract, finish, layout
+from .contract import ContractError, Kind, Question
+from .features import option_features, token_logprobs
+from .heads import Heads
+from .image import ImageRefused, Pixels, Processor, decode_rgb
+from .layout import Layout, Row, TokenIds
+from .package import LANGUAGE_PREFIX
+from .vision import VisionTower
+
+PROCESSOR_CONFIG = "preprocessor_config.json"
+# Rows continuing the prefix in one batch (the reference's MSO_BRANCH_CHUNK).
+ROWS_PER_BATCH = 64
+
+
+@dataclass(frozen=True)
+class OmniJevPlan:
+    questions: tuple[Question, ...]
+    pixels: Pixels
+    layout: Layout
+    preparation_seconds: float  # decode, preprocess and tokenize: part of the reported latency
+
+    @property
+    def input_tokens(self) -> int:
+        return self.layout.input_tokens
+
+    @property
+    def question_count(self) -> int:
+        return len(self.questions)
+
+
+@dataclass(frozen=True)
+class Execution:
+    mu: tuple[np.ndarray, ...]  # the head outputs, one array per question
+    seconds: float  # vision, language, features and heads
+
+
+@dataclass(frozen=True)
+class RowReadout:
+    zq: np.ndarray
+    u: np.ndarray
+    targets: np.ndarray  # hidden states at the positions predicting the option text, [T, H]
+
+
+def _readouts(row: Row, kind: Kind) -> np.ndarray:
+    """Row-relative positions to read: zq, u and (not for Score) each option-text predictor."""
+    predictors = [position for position, _ in row.targets] if kind != Kind.SCORE else []
+    return np.asarray([row.zq, row.u, *predictors], np.int64)
+
+
+def _split(hidden: np.ndarray) -> RowReadout:
+    return RowReadout(zq=hidden[0], u=hidden[1], targets=hidden[2:])
+
+
+def warmup_png() -> bytes:
+    """The worker's warm-up image: 96 x 64, pixel (x, y) = (x, y, 128)."""
+    x, y = np.meshgrid(np.arange(96), np.arange(64))
+    pixels = np.stack([x, y, np.full_like(x, 128)], axis=-1).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+class OmniJevModel:
+    family = "omnijev"
+    engine = "torch"
+
+    def __init__(
+        self,
+        package: VerifiedPackage,
+        tokenizer: Tokenizer,
+        processor: Processor,
+        vision: VisionTower,
+        runner: TorchRunner,
+        heads: Heads,
+    ):
+        manifest, config = package.details["manifest"], package.details["config"]
+        self.package = package
+        self.id: str = manifest["model_id"]
+        self.device = runner.device
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.vision = vision
+        self.runner = runner
+        self.heads = heads
+        self.calibration: finish.Calibration = package.details["calibration"]
+        self.token_ids = TokenIds(
+            image=config["image_token_id"],
+            option_open=manifest["option_tokens"][layout.OPTION_OPEN],
+            option_close=manifest["option_tokens"][layout.OPTION_CLOSE],
+        )
+        self.names = contract.served_names(self.id, package.member.name)
+        # The tied embedding is the LM head of the option-text log-probabilities.
+        self.embedding = runner.model.embed_tokens.weight.detach().float().cpu().numpy()
+
+    @classmethod
+    def from_package(cls, package: VerifiedPackage, device: str = "cpu") -> OmniJevModel:
+        root, details = package.root, package.details
+        manifest, config = details["manifest"], details["config"]
+        processor_config = read_json(root / PROCESSOR_CONFIG) if PROCESSOR_CONFIG in manifest["outputs"] else None
+        backbone = load_backbone(config["text_config"], [root / s for s in details["shards"]], prefix=LANGUAGE_PREFIX)
+        return cls(
+            package,
+            Tokenizer.from_file(str(root / "tokenizer.json")),
+            Processor.from_config(processor_config, manifest["max_pixels"]),
+            VisionTower.load(config["vision_config"], root / "vision.safetensors"),
+            TorchRunner(backbone, device),
+            Heads.load(root / "heads.safetensors"),
+        )
+
+    def card(self) -> dict[str, Any]:
+        member = self.package.member
+        return {
+            "id": self.id,
+            "object": "model",
+            "family": self.family,
+            "member": member.name,
+            "revision": member.revision,
+            "synthetic": member.synthetic,
+            "engine": self.engine,
+            "device": self.device,
+            "precision": self.runner.precision,
+            "modalities": ["image", "text"],
+            "question_types": [kind.label for kind in Kind],
+            "limits": {
+                "max_body_bytes": contract.MAX_BODY,
+                "max_questions": contract.MAX_QUESTIONS,
+                "max_options": contract.MAX_OPTIONS,
+                "max_rows": contract.MAX_ROWS,
+                "max_question_tokens": layout.MAX_SEQUENCE,
+                "max_input_tokens": layout.MAX_PROCESSED,
+                "max_option_text_tokens": layout.MAX_TARGETS,
+                "max_pixels": self.processor.max_pixels,
+            },
+        }
+
+    def golden_request(self) -> dict[str, Any]:
+        """The worker's warm-up: every kind, a region, an option text and a rubric (wire-contract.md §11.7)."""
+        url = "data:image/png;base64," + base64.b64encode(warmup_png()).decode("ascii")
+        return {
+            "model": self.id,
+            "state": {"images": [url]},
+            "questions": {
+                "noul": {
+                    "type": "noul",
+                    "instructions": "The image is mostly blue.",
+                    "region": {"box": [0, 0, 48, 32]},
+                },
+                "choice": {
+                    "type": "choice",
+                    "instructions": "Which colour dominates?",
+                    "criteria": {"red": None, "green": "Mostly green", "blue": None},
+                },
+                "score": {
+                    "type": "score",
+                    "instructions": "How bright is the image?",
+                    "levels": ["dark", "medium", "bright"],
+                },
+            },
+        }
+
+    def plan(self, body: dict[str, Any]) -> OmniJevPlan:
+        """The whole request validated and laid out; ``ContractError`` (422) says what is refused."""
+        start = time.perf_counter()
+        request = contract.compile_request(body, self.names)
+        try:
+            pixels = self.processor(decode_rgb(request.image))
+        except ImageRefused as exc:
+            raise ContractError(422, str(exc)) from None
+        planned = layout.plan_layout(
+            request.questions, self.tokenizer, pixels.tokens, pixels.grid, pixels.merge_size, self.token_ids
+        )
+        return OmniJevPlan(request.questions, pixels, planned, time.perf_counter() - start)
+
+    def execute(self, plans: Sequence[OmniJevPlan], prefix_reuse: bool = True) -> list[Execution]:
+        """Head outputs per plan; ``prefix_reuse=False`` runs one plain forward per row instead."""
+        out = []
+        for plan in plans:
+            start = time.perf_counter()
+            features = self.vision(plan.pixels)
+            read = self._reused if prefix_reuse else self._plain
+            readouts = read(plan, features)
+            mu = self._heads(plan, readouts)
+            out.append(Execution(mu, time.perf_counter() - start))
+        return out
+
+    def finish(self, plan: OmniJevPlan, result: Execution) -> dict[str, Any]:
+        total = plan.preparation_seconds + result.seconds
+        answers = {
+            question.id: finish.answer(question, mu, self.calibration, total, plan.question_count)
+            for question, mu in zip(plan.questions, result.mu, strict=True)
+        }
+        return {"model": self.id, "answers": answers, "usage": {"input_tokens": plan.input_tokens, "output_tokens": 0}}
+
+    def expired(self, plan: OmniJevPlan) -> dict[str, Any]:
+        """OmniJev has no per-question errors: a request that could not run in time is refused whole."""
+        raise ContractError(503, contract.BUSY)
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        plan = self.plan(body)
+        return self.finish(plan, self.execute([plan])[0])
+
+    # ------------------------------------------------------------------------- execution
+
+    def _prefix(self, plan: OmniJevPlan, features: np.ndarray) -> Prefix:
+        lay = plan.layout
+        return Prefix(lay.prefix, lay.positions, features, lay.image_index, lay.next_position)
+
+    def _reused(self, plan: OmniJevPlan, features: np.ndarray) -> list[list[RowReadout]]:
+        """The prefix once, then every row as a block continuing from its state."""
+        prefix = self._prefix(plan, features)
+        state = self.runner.prefill(prefix)
+        blocks = [
+            Block(row.tokens, _readouts(row, question.kind))
+            for question, rows in zip(plan.questions, plan.layout.rows, strict=True)
+            for row in rows
+        ]
+        hidden: list[np.ndarray] = []
+        for start in range(0, len(blocks), ROWS_PER_BATCH):
+            hidden += self.runner.continue_blocks(state, prefix, blocks[start : start + ROWS_PER_BATCH])
+        flat = iter(hidden)
+        return [[_split(next(flat)) for _ in rows] for rows in plan.layout.rows]
+
+    @torch.inference_mode()
+    def _plain(self, plan: OmniJevPlan, features: np.ndarray) -> list[list[RowReadout]]:
+        """One plain causal forward over prefix + row per row (TorchRunner.forward takes no image embeddings)."""
+        lay, model = plan.layout, self.runner.model
+        device = next(model.parameters()).device
+        readouts = []
+        for question, rows in zip(plan.questions, lay.rows, strict=True):
+            question_readouts = []
+            for row in rows:
+                ids = torch.as_tensor(np.concatenate([lay.prefix, row.tokens]), device=device)[None]
+                embeds = model.embed_tokens(ids)
+                embeds[0, torch.as_tensor(lay.image_index, device=device)] = torch.as_tensor(features, device=device)
+                positions = np.concatenate([lay.positions, text_positions(lay.next_position, len(row.tokens))], axis=1)
+                hidden = model(inputs_embeds=embeds, position_ids=torch.as_tensor(positions, device=device)[:, None, :])
+                at = torch.as_tensor(len(lay.prefix) + _readouts(row, question.kind), device=device)
+                question_readouts.append(_split(hidden.last_hidden_state[0, at].float().cpu().numpy()))
+            readouts.append(question_readouts)
+        return readouts
+
+    def _heads(self, plan: OmniJevPlan, readouts: list[list[RowReadout]]) -> tuple[np.ndarray, ...]:
+        # Every option-text log-probability of the request in one pass over the vocabulary: the
+        # predictors of each text token, and each row's zq for its first text token.
+        states, tokens = [], []
+        for question, rows, read in zip(plan.questions, plan.layout.rows, readouts, strict=True):
+            if question.kind == Kind.SCORE:
+                continue
+            for row, row_read in zip(rows, read, strict=True):
+                states.extend(row_read.targets)
+                tokens.extend(token for _, token in row.targets)
+                if row.first is not None:
+                    states.append(row_read.zq)
+                    tokens.append(row.first)
+        hidden = np.asarray(states, np.float32).reshape(len(states), self.embedding.shape[1])
+        logprobs = iter(token_logprobs(self.embedding, hidden, np.asarray(tokens, np.int64)))
+        out = []
+        for question, rows, read in zip(plan.questions, plan.layout.rows, readouts, strict=True):
+            zq = read[0].zq  # the question's zq is its first row's, as the reference takes it
+            u = np.stack([row_read.u for row_read in read])
+            if question.kind == Kind.SCORE:
+                out.append(self.heads.ordinal(zq, u))
+                continue
+            picked, first = [], []
+            for row in rows:
+                picked.append(np.asarray([next(logprobs) for _ in row.targets], np.float32))
+                first.append(None if row.first is None else float(next(logprobs)))
+            out.append(self.heads.option_scorer(u, zq, question.kind, option_features(picked, first)))
+        return tuple(out)

@@ -1,0 +1,54 @@
+"""The vision tower on the reference path: transformers' ``Qwen3_5VisionModel``, eager, float32.
+
+It turns the processor's patches into one embedding per 2x2-merged patch group (the merger's
+output, ``out_hidden_size`` = the language hidden size), which replace the image placeholders'
+token embeddings. Weights come from ``vision.safetensors`` under ``model.visual.`` (the base
+checkpoint's names; the export copies the tower unchanged, omnijev.md §11.2).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..runners.torch_runner import read_prefixed
+from .image import Pixels
+
+VISION_PREFIX = "model.visual."
+CONFIG_BOOKKEEPING = ("architectures", "model_type", "transformers_version")
+
+
+def vision_config(config: dict[str, Any]):
+    """transformers' ``Qwen3_5VisionConfig`` from a ``config.json``'s ``vision_config``."""
+    from transformers import Qwen3_5VisionConfig
+
+    return Qwen3_5VisionConfig(**{k: v for k, v in config.items() if k not in CONFIG_BOOKKEEPING})
+
+
+class VisionTower:
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    @classmethod
+    def load(cls, config: dict[str, Any], path: Path) -> VisionTower:
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
+
+        vision = vision_config(config)
+        vision._attn_implementation = "eager"
+        with torch.device("meta"):
+            model = Qwen3_5VisionModel(vision)
+        state = {name: value.float() for name, value in read_prefixed([path], VISION_PREFIX).items()}
+        model.load_state_dict(state, strict=True, assign=True)
+        # The rotary frequencies are a non-persistent buffer: rebuilt from the config.
+        model.rotary_pos_emb = type(model.rotary_pos_emb)(vision)
+        return cls(model.float().eval())
+
+    @torch.inference_mode()
+    def __call__(self, pixels: Pixels) -> np.ndarray:
+        """Image embeddings ``[pixels.tokens, out_hidden_size]`` (float32), in the placeholders' order."""
+        grid = torch.tensor([pixels.grid], dtype=torch.long)
+        out = self.model(torch.from_numpy(pixels.values), grid_thw=grid)
+        return out.pooler_output.float().numpy()
