@@ -86,7 +86,7 @@ def validate(
     combined.append((REFERENCE_RUNNER, reference_results[REFERENCE_RUNNER]))
     combined.append((runner.name, results[runner.name]))
     accuracy = Comparator.compare_accuracy(combined, compare_func=CompareFunc.simple(**gate["tensor"]))
-    tensor = next(iter(accuracy.values()))
+    tensor = next(iter(accuracy[0].values()))  # one compare function, one runner pair: per-iteration results
     responses = answers_from(engine, plans, results[runner.name])
     rows, passed = [], bool(accuracy)
     totals = CaseStats()
