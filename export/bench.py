@@ -1,0 +1,253 @@
+"""``s1omni bench``: the torch reference and each engine given, timed in one run, as one record.
+
+In process, the reference (loaded from the package: BF16 autocast on CUDA, float32 on the CPU) and
+every engine run the same workloads one after another in the same process; then, with ``http``,
+each is served by its own ``s1omni serve`` subprocess in turn and loaded by closed-loop clients.
+Every ratio compares figures of this run only. The record (``bench.json``) is written after each
+step, so a run that breaks keeps what it measured; the plot (``bench.png``) is drawn at the end.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.api import load_model
+from runtime.engine import load_engine_model, read_manifest, validated
+from runtime.package import detect_family
+from runtime.registry import Registry
+
+from . import bench_http, bench_record, bench_workloads
+from .bench_http import BenchFailed
+from .bench_stats import now, ratios, synchronize
+from .bench_workloads import REFERENCE, Workload
+
+PROFILE_ITERATIONS = 5
+MEMBER_KEYS = ("id", "family", "repo", "revision", "model_sha256", "manifest_sha256", "parameters", "weights")
+ENGINE_KEYS = ("backend", "target", "device", "precision", "library", "library_version", "provider_options")
+
+
+@dataclass(frozen=True)
+class Settings:
+    package: Path
+    out: Path
+    engines: tuple[Path, ...] = ()
+    device: str = "cpu"
+    reference_precision: str | None = None  # None: the reference's policy (bf16 on CUDA, fp32 on the CPU)
+    workloads: tuple[str, ...] = ("backbone", "router", "long-span")
+    tokens: tuple[int, ...] = (128, 600, 2048)
+    requests: int = 30
+    warmup: int = 5
+    http: bool = False
+    http_workload: str = "router"
+    concurrency: tuple[int, ...] = (1, 8, 16)
+    serve_args: tuple[str, ...] = ()
+    profile: str | None = None  # a workload name: profiled on the first engine (the reference without one)
+    allow_unvalidated: bool = False  # in process only; `s1omni serve` refuses such engines
+    registry: str | None = None
+    start_timeout_s: float = 900.0
+    command: tuple[str, ...] = ()
+
+
+def progress(message: str) -> None:
+    print(f"s1omni bench: {message}", file=sys.stderr, flush=True)
+
+
+def check(settings: Settings, manifests: Sequence[dict[str, Any]]) -> None:
+    """Refuse a run that could not stand as a measurement before anything loads."""
+    if not settings.workloads and not settings.http and not settings.profile:
+        raise SystemExit("s1omni bench: nothing to run (no workloads, no --http, no --profile)")
+    if settings.requests < 1 or settings.warmup < 0:
+        raise SystemExit("s1omni bench: --requests must be at least 1 and --warmup at least 0")
+    if settings.http and settings.requests < max(settings.concurrency):
+        raise SystemExit("s1omni bench: --requests must be at least the highest --concurrency, so every client runs")
+    for path, manifest in zip(settings.engines, manifests, strict=True):
+        if settings.http and not validated(manifest):
+            raise SystemExit(f"s1omni bench: {path} has not passed validation, and `s1omni serve --engine` refuses it")
+
+
+def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
+    """``reference``, then ``backend/target`` per engine (numbered where two engines share one)."""
+    names = [REFERENCE]
+    for manifest in manifests:
+        name = f"{manifest['backend']}/{manifest['target']}"
+        names.append(name if name not in names else f"{name}#{len(names)}")
+    return names
+
+
+def engine_facts(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "engine_dir": str(path),
+        **{key: manifest.get(key) for key in ENGINE_KEYS},
+        "member": manifest["member"]["name"],
+        "revision": manifest["member"]["revision"],
+        "validated": validated(manifest),
+    }
+
+
+def member_facts(card: dict[str, Any]) -> dict[str, Any]:
+    return {key: card.get(key) for key in MEMBER_KEYS}
+
+
+def load_subjects(
+    settings: Settings, registry: Registry, names: Sequence[str], manifests: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """The reference from the package, then each engine, all in this process; refuses another member's engine."""
+    progress(f"loading the reference from {settings.package} on {settings.device}")
+    models = {REFERENCE: load_model(settings.package, registry, settings.device, settings.reference_precision)}
+    revision = models[REFERENCE].card()["revision"]
+    for name, path, manifest in zip(names[1:], settings.engines, manifests, strict=True):
+        member = manifest["member"]
+        if member["revision"] != revision:
+            raise SystemExit(
+                f"s1omni bench: {path} was built from {member['name']}@{member['revision']}, not the package's {revision}"
+            )
+        progress(f"loading the engine {path} as {name}")
+        models[name] = load_engine_model(path, registry, settings.device, allow_unvalidated=settings.allow_unvalidated)
+    return models
+
+
+def profile(chosen: Workload, models: dict[str, Any], warmup: int) -> dict[str, Any]:
+    from .bench_profile import capture
+
+    subject = next((name for name in models if name != REFERENCE), REFERENCE)
+    call = chosen.call(models[subject])
+    for _ in range(warmup + 1):
+        call()
+    progress(f"profiling {chosen.name} on {subject} ({PROFILE_ITERATIONS} iterations)")
+    return {"workload": chosen.name, "subject": subject, **capture(call, PROFILE_ITERATIONS)}
+
+
+def in_process(
+    settings: Settings,
+    names: Sequence[str],
+    manifests: Sequence[dict[str, Any]],
+    workloads: Sequence[Workload],
+    profiled: Workload | None,
+    record: dict[str, Any],
+) -> None:
+    """Every workload on every subject in this process, then the profile; the record grows as they finish."""
+    models = load_subjects(settings, Registry.load(settings.registry), names, manifests)
+    record["member"] = member_facts(models[REFERENCE].card())
+    for name, model in models.items():
+        record["subjects"][name] |= {
+            "runner": model.runner.name,
+            "device": model.runner.device,
+            "precision": model.runner.precision,
+        }
+    for chosen in workloads:
+        record["workloads"].append(bench_workloads.measure(chosen, models, settings.requests, settings.warmup, progress))
+        bench_record.write(record, settings.out)
+    if profiled is not None:
+        record["profile"] = profile(profiled, models, settings.warmup)
+
+
+def release() -> None:
+    """Give the in-process models' device memory back before the servers load their own copies."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        synchronize()
+        torch.cuda.empty_cache()
+
+
+def http(settings: Settings, chosen: Workload, names: Sequence[str], record: dict[str, Any]) -> None:
+    """Each subject's server in turn (never two at once: they would share the device and the CPUs)."""
+    common = [
+        "--device",
+        settings.device,
+        *(["--registry", settings.registry] if settings.registry else []),
+        *settings.serve_args,
+    ]
+    section: dict[str, Any] = {
+        "workload": chosen.name,
+        **chosen.facts,
+        "requests": settings.requests,
+        "warmup": settings.warmup,
+        "concurrency": list(settings.concurrency),
+        "servers": {},
+        "runs": [],
+        "ratios": {},
+    }
+    record["http"] = section
+    sources = [[str(settings.package)], *(["--engine", str(path)] for path in settings.engines)]
+    for index, (name, source) in enumerate(zip(names, sources, strict=True)):
+        log = settings.out / f"serve-{index}.log"
+        progress(f"starting s1omni serve for {name} (log {log})")
+        with bench_http.serving(name, [*source, *common], log, settings.start_timeout_s) as server:
+            card = bench_http.card(server)
+            section["servers"][name] = {
+                "command": server.command,
+                "log": log.name,
+                **{key: card.get(key) for key in ("engine", "device", "dtype")},
+            }
+            record["member"] = record["member"] or member_facts(card)
+            section["runs"] += bench_http.measure(
+                server, chosen.body, settings.concurrency, settings.requests, settings.warmup, progress
+            )
+        bench_record.write(record, settings.out)
+    section["ratios"] = http_ratios(section["runs"])
+    record["failures"] = sum(sum(run["failures"].values()) for run in section["runs"])
+
+
+def http_ratios(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Per engine and concurrency, engine / reference of p50, p95 and requests/s, from these runs."""
+    table = {(run["subject"], run["concurrency"]): run for run in runs}
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for (name, level), run in table.items():
+        if name != REFERENCE and (REFERENCE, level) in table:
+            out.setdefault(name, {})[str(level)] = ratios(run, table[REFERENCE, level], ("p50_ms", "p95_ms", "requests_per_s"))
+    return out
+
+
+def bench(settings: Settings) -> dict[str, Any]:
+    """Run, then write ``bench.json`` and ``bench.png`` under ``settings.out``; raises BenchFailed, after
+    writing them, if any HTTP request failed."""
+    manifests = [read_manifest(path) for path in settings.engines]
+    check(settings, manifests)
+    family = detect_family(settings.package)
+    # Every workload name is resolved now, so a typo fails before minutes of loading.
+    workloads = bench_workloads.resolve(settings.workloads, settings.tokens, family)
+    profiled = bench_workloads.named(settings.profile, family) if settings.profile else None
+    served = bench_workloads.named(settings.http_workload, family) if settings.http else None
+    if served is not None and served.body is None:
+        raise SystemExit("s1omni bench: --http-workload must be a request (router, long-span or a case name)")
+    names = subject_names(manifests)
+    settings.out.mkdir(parents=True, exist_ok=True)
+    record: dict[str, Any] = {
+        "format": bench_record.FORMAT,
+        "command": list(settings.command),
+        "started": now(),
+        "finished": None,
+        "settings": {key: value for key, value in asdict(settings).items() if key != "command"},
+        "machine": bench_record.machine(),
+        "member": None,
+        "subjects": {
+            REFERENCE: {"package": str(settings.package)},
+            **{
+                name: engine_facts(path, manifest)
+                for name, path, manifest in zip(names[1:], settings.engines, manifests, strict=True)
+            },
+        },
+        "workloads": [],
+        "profile": None,
+        "http": None,
+        "failures": 0,
+    }
+    if workloads or profiled:
+        in_process(settings, names, manifests, workloads, profiled, record)
+        release()  # the models died with in_process's frame
+    if served is not None:
+        http(settings, served, names, record)
+    record["finished"] = now()
+    record["plot"] = "bench.png"
+    bench_record.plot(record, settings.out / record["plot"])
+    path = bench_record.write(record, settings.out)
+    progress(f"wrote {path} and {settings.out / record['plot']}")
+    if record["failures"]:
+        raise BenchFailed(f"{record['failures']} HTTP requests failed (see {path})")
+    return record

@@ -1,0 +1,201 @@
+"""Closed-loop HTTP load against real ``s1omni serve`` processes.
+
+Each server is a subprocess on a free port, measured once ``/health`` answers 200 (the server has
+loaded and warmed its model). At each concurrency a fixed set of workers each sends its next
+request as soon as the previous one is answered (no arrival-rate model); ``warmup`` requests per
+level are sent first on the same connections and excluded. A sample runs on the client clock from
+the send to the fully parsed body; the request body is serialized once, before any clock starts.
+Each response's ``Server-Timing`` header splits the server's share into its stages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .bench_stats import DIGITS, median_by_key, now, summarize, to_ms
+from .bench_workloads import answer_errors
+
+HOST = "127.0.0.1"
+PATH = "/v1/systemone"
+JSON = {"content-type": "application/json"}
+REQUEST_TIMEOUT_S = 600.0  # a CPU reference of a real-size member takes seconds per request
+STOP_TIMEOUT_S = 60.0
+TIMING_ENTRY = re.compile(r"([A-Za-z_][\w-]*);dur=([0-9.]+)")
+
+
+class BenchFailed(RuntimeError):
+    """The run cannot stand as a measurement (a server that never got ready, a failed request)."""
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """``{stage: ms}`` from a ``Server-Timing`` value (``parse;dur=0.120, ..., total;dur=3.456``)."""
+    return {name: float(value) for name, value in TIMING_ENTRY.findall(header)}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    url: str
+    command: list[str]
+    log: Path
+
+
+def _log_tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=url, timeout=5, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise BenchFailed(f"the server exited with {process.returncode} before it was ready:\n{_log_tail(log)}")
+            try:
+                response = client.get("/health")
+            except httpx.TransportError:  # not listening yet
+                response = None
+            if response is not None and response.status_code == 200:
+                return
+            if response is not None and response.json().get("status") == "failed":
+                raise BenchFailed(f"the server failed its warm-up: {response.json().get('reason')}\n{_log_tail(log)}")
+            time.sleep(0.2)
+    raise BenchFailed(f"/health was not 200 within {timeout_s:.0f} s:\n{_log_tail(log)}")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)  # the server drains, then exits
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextmanager
+def serving(name: str, serve_args: Sequence[str], log: Path, start_timeout_s: float) -> Iterator[Server]:
+    """``s1omni serve SERVE_ARGS`` on a free port, ready; stopped on exit."""
+    port = free_port()
+    # The interpreter running the bench, so the server runs the same code and packages.
+    command = [sys.executable, "-m", "server.cli", "serve", *serve_args, "--host", HOST, "--port", str(port)]
+    with log.open("wb") as handle:
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://{HOST}:{port}"
+        _wait_ready(url, process, start_timeout_s, log)
+        yield Server(name, url, command, log)
+    finally:
+        _stop(process)
+
+
+def card(server: Server) -> dict[str, Any]:
+    """What the server says it runs: its model card from ``/v1/models``."""
+    with httpx.Client(base_url=server.url, timeout=30, trust_env=False) as client:
+        return client.get("/v1/models").json()["data"][0]
+
+
+@dataclass
+class Load:
+    """What one closed-loop pass saw."""
+
+    samples_s: list[float] = field(default_factory=list)
+    timings: list[dict[str, float]] = field(default_factory=list)  # Server-Timing of each successful response
+    failures: Counter[str] = field(default_factory=Counter)
+    answer_errors: int = 0
+    wall_s: float = 0.0
+
+
+async def _closed_loop(client: httpx.AsyncClient, body: bytes, concurrency: int, count: int) -> Load:
+    load, remaining = Load(), count
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1  # one event loop thread: no lock needed
+            begin = time.perf_counter()
+            try:
+                response = await client.post(PATH, content=body, headers=JSON)
+                parsed = json.loads(response.content) if response.status_code == 200 else None
+            except httpx.HTTPError as exc:
+                load.failures[type(exc).__name__] += 1
+                continue
+            elapsed = time.perf_counter() - begin
+            if response.status_code != 200:
+                load.failures[f"http_{response.status_code}"] += 1
+                continue
+            load.samples_s.append(elapsed)
+            load.timings.append(server_timing(response.headers.get("server-timing", "")))
+            load.answer_errors += answer_errors(parsed)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    load.wall_s = time.perf_counter() - start
+    return load
+
+
+async def _level(url: str, body: bytes, concurrency: int, requests: int, warmup: int) -> tuple[Load, Load]:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits, trust_env=False) as client:
+        # Every worker warms its own connection (and the server its batch shapes) at this concurrency.
+        warm = await _closed_loop(client, body, concurrency, max(warmup, concurrency) if warmup else 0)
+        return warm, await _closed_loop(client, body, concurrency, requests)
+
+
+def measure(
+    server: Server,
+    body: Any,
+    concurrency: Sequence[int],
+    requests: int,
+    warmup: int,
+    progress: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """One run per concurrency level: client latency summary, requests/s over the wall time, failures,
+    answer errors, and per-stage medians of the server's own timing."""
+    payload = json.dumps(body).encode("utf-8")
+    runs = []
+    for level in concurrency:
+        started = now()
+        warm, load = asyncio.run(_level(server.url, payload, level, requests, warmup))
+        failures = warm.failures + load.failures
+        run: dict[str, Any] = {"subject": server.name, "concurrency": level, "started": started, "finished": now()}
+        run["failures"] = dict(failures)
+        run["warmup"] = len(warm.samples_s) + warm.failures.total()
+        run["answer_errors"] = load.answer_errors
+        if load.samples_s:
+            samples = to_ms(load.samples_s)
+            run |= summarize(samples, load.wall_s)
+            run["server_timing_median_ms"] = median_by_key(load.timings)
+            outside = [
+                sample - timing["total"] for sample, timing in zip(samples, load.timings, strict=True) if "total" in timing
+            ]
+            run["client_minus_server_median_ms"] = round(statistics.median(outside), DIGITS) if outside else None
+            progress(
+                f"http {server.name} c={level}: p50 {run['p50_ms']:.3f} ms, p95 {run['p95_ms']:.3f} ms, "
+                f"{run['requests_per_s']:.2f} req/s, {failures.total()} failed"
+            )
+        else:
+            progress(f"http {server.name} c={level}: every request failed {dict(failures)}")
+        runs.append(run)
+    return runs

@@ -1,0 +1,122 @@
+"""In-process workloads: what each one runs, and its timing on every subject in one process.
+
+``backbone-N`` is one tree, the way the engine path runs a request: a prefix of N tokens, then one
+block of ``BLOCK_TOKENS`` tokens continuing from its state (``runner.run`` = prefill + continue,
+hidden states read back at the block's last token). Every other workload is a calibration case
+answered through ``model.answer`` (planning, runner, heads, finishing): ``router`` is the
+router-signal request (six questions, all five kinds, about 600 tokens of text), ``long-span`` the
+windowed long span request, and any case name of ``calib/<family>/cases.json`` works too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.runners.base import Block, Prefix, Tree
+
+from .bench_stats import now, ratios, summarize, time_calls, to_ms
+
+CALIB = Path(__file__).resolve().parent.parent / "calib"
+BACKBONE = re.compile(r"backbone-(\d+)")
+ALIASES = {"router": "router-signals-600", "long-span": "span-windowed-long"}
+BLOCK_TOKENS = 8
+# Token ids drawn below this: every member's vocabulary has them (the tiny synthetic one has 2,048).
+ID_CEILING = 1000
+REFERENCE = "reference"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    facts: dict[str, Any]  # what the record says was run
+    tree: Tree | None = None  # backbone workloads
+    body: dict[str, Any] | None = None  # request workloads
+
+    def call(self, model: Any) -> Callable[[], Any]:
+        """One request of this workload on ``model``, as a zero-argument call."""
+        if self.tree is not None:
+            runner, trees = model.runner, [self.tree]
+            return lambda: runner.run(trees)
+        body = self.body
+        return lambda: model.answer(body)
+
+
+def backbone(tokens: int) -> Workload:
+    # Random ids, never zeros: a constant input can hide wrong indexing and time faster than text.
+    rng = np.random.default_rng(tokens)
+    prefix = Prefix(rng.integers(1, ID_CEILING, tokens, dtype=np.int64))
+    block = Block(rng.integers(1, ID_CEILING, BLOCK_TOKENS, dtype=np.int64), np.array([BLOCK_TOKENS - 1], np.int64))
+    facts = {
+        "kind": "backbone",
+        "call": "runner.run: prefill(prefix) + continue_blocks(1 block)",
+        "prefix_tokens": tokens,
+        "block_tokens": BLOCK_TOKENS,
+        "input_tokens": tokens + BLOCK_TOKENS,
+    }
+    return Workload(f"backbone-{tokens}", facts, tree=Tree(prefix, (block,)))
+
+
+def cases(family: str) -> dict[str, dict[str, Any]]:
+    data = json.loads((CALIB / family / "cases.json").read_text(encoding="utf-8"))
+    return {case["name"]: case["request"] for case in data["cases"]}
+
+
+def named(name: str, family: str) -> Workload:
+    """``backbone-N``, or a calibration case by its name or alias (``router``, ``long-span``)."""
+    found = BACKBONE.fullmatch(name)
+    if found:
+        return backbone(int(found.group(1)))
+    case = ALIASES.get(name, name)
+    known = cases(family)
+    if case not in known:
+        raise SystemExit(
+            f"s1omni bench: no workload {name!r}; use backbone-N, {', '.join(ALIASES)} or a case of {CALIB / family}"
+        )
+    return Workload(name, {"kind": "request", "call": "model.answer", "case": case}, body=known[case])
+
+
+def resolve(names: Sequence[str], tokens: Sequence[int], family: str) -> list[Workload]:
+    """``backbone`` expands to one workload per token count; other names go through ``named``."""
+    out: list[Workload] = []
+    for name in names:
+        out += [backbone(count) for count in tokens] if name == "backbone" else [named(name, family)]
+    return out
+
+
+def answer_errors(response: dict[str, Any]) -> int:
+    """Questions answered with an error (a 200 response can still carry them, e.g. non-finite logits)."""
+    return sum(1 for answer in response.get("answers", {}).values() if isinstance(answer, dict) and "error" in answer)
+
+
+def measure(
+    workload: Workload,
+    subjects: Mapping[str, Any],
+    requests: int,
+    warmup: int,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """Each subject in turn, same inputs: one checked feasibility call and ``warmup`` calls, excluded, then
+    ``requests`` timed calls; ratios against the reference from these very samples."""
+    entry: dict[str, Any] = {"name": workload.name, **workload.facts, "started": now(), "results": {}}
+    reference = subjects[REFERENCE]
+    if workload.body is not None:
+        entry["input_tokens"] = reference.plan(workload.body).input_tokens
+    for name, model in subjects.items():
+        call = workload.call(model)
+        first = call()  # the feasibility call: excluded from the samples, its answers checked
+        errors = answer_errors(first) if workload.body is not None else None
+        samples, wall = time_calls(call, requests, warmup)
+        summary = summarize(to_ms(samples), wall)
+        entry["results"][name] = {**summary, "feasibility": 1, "warmup": warmup, "answer_errors": errors}
+        progress(f"{workload.name} {name}: p50 {summary['p50_ms']:.3f} ms, p95 {summary['p95_ms']:.3f} ms ({requests} samples)")
+    results = entry["results"]
+    entry["ratios"] = {name: ratios(results[name], results[REFERENCE]) for name in results if name != REFERENCE}
+    entry["finished"] = now()
+    return entry

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import argparse
+
+from . import add_registry
+
+HELP = "time the torch reference and engines in one run (in process, and over HTTP with --http); a JSON record and a plot"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--package", required=True, metavar="PKG", help="member package: the torch reference")
+    parser.add_argument("--engine", action="append", default=[], metavar="ENG", help="engine directory to compare (repeatable)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--reference-precision",
+        choices=("bf16", "fp32"),
+        help="the in-process reference's precision (default: bf16 autocast on cuda, fp32 on cpu)",
+    )
+    parser.add_argument(
+        "--workloads",
+        type=_names,
+        default=("backbone", "router", "long-span"),
+        metavar="LIST",
+        help="in-process workloads: backbone, router, long-span or calibration case names ('' for none)",
+    )
+    parser.add_argument("--tokens", type=_ints, default=(128, 600, 2048), metavar="LIST", help="backbone prefix lengths")
+    parser.add_argument(
+        "--requests", type=int, default=30, metavar="N", help="timed requests per workload and per concurrency level"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=5, metavar="N", help="untimed requests first (per level over HTTP, at least one per client)"
+    )
+    parser.add_argument("--http", action="store_true", help="also serve each subject with `s1omni serve` and load it over HTTP")
+    parser.add_argument("--http-workload", default="router", metavar="NAME", help="the request sent over HTTP")
+    parser.add_argument(
+        "--concurrency", type=_ints, default=(1, 8, 16), metavar="LIST", help="closed-loop clients per HTTP level"
+    )
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra `s1omni serve` argument for every server, e.g. --serve-arg=--batch-window-ms=2 (repeatable)",
+    )
+    parser.add_argument(
+        "--profile", metavar="WORKLOAD", help="torch profiler capture of this workload (e.g. backbone-600) on the first engine"
+    )
+    parser.add_argument(
+        "--allow-unvalidated", action="store_true", help="time engines that have not passed validation (in process only)"
+    )
+    parser.add_argument("--start-timeout", type=float, default=900.0, metavar="S", help="longest wait for a server's /health 200")
+    parser.add_argument("--out", metavar="DIR", help="record directory (default bench-records/<package>-<device>-<UTC time>)")
+    add_registry(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from export.bench import Settings, bench
+    from export.bench_http import BenchFailed
+
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.out) if args.out else Path("bench-records") / f"{Path(args.package).name}-{args.device}-{stamp}"
+    settings = Settings(
+        package=Path(args.package),
+        out=out,
+        engines=tuple(Path(path) for path in args.engine),
+        device=args.device,
+        reference_precision=args.reference_precision,
+        workloads=args.workloads,
+        tokens=args.tokens,
+        requests=args.requests,
+        warmup=args.warmup,
+        http=args.http,
+        http_workload=args.http_workload,
+        concurrency=args.concurrency,
+        serve_args=tuple(args.serve_arg),
+        profile=args.profile,
+        allow_unvalidated=args.allow_unvalidated,
+        registry=args.registry,
+        start_timeout_s=args.start_timeout,
+        command=tuple(sys.argv),
+    )
+    try:
+        bench(settings)
+    except BenchFailed as exc:
+        print(f"s1omni bench: FAILED: {exc}", file=sys.stderr)
+        return 1
+    return 0

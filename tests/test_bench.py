@@ -1,0 +1,114 @@
+"""``s1omni bench`` on the tiny synthetic member, on the CPU: one short run in process and over HTTP
+against a real ``s1omni serve``, then checks that the record's figures follow from its own samples."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from export.bench import http_ratios
+from export.bench_http import server_timing
+from export.bench_stats import nearest_rank, ratios, summarize
+from export.bench_workloads import REFERENCE, backbone, measure
+from server.cli import main
+
+STAGES = {"parse", "tokenize", "queue", "forward", "post", "serialize", "total"}
+
+
+def ranked(values: list[float], q: float) -> float:
+    """Nearest rank, written out independently of the code under test."""
+    ordered = sorted(values)
+    return ordered[math.ceil(q / 100 * len(ordered)) - 1]
+
+
+def check_summary(summary: dict, count: int) -> None:
+    samples = summary["samples_ms"]
+    assert summary["count"] == len(samples) == count
+    assert summary["p50_ms"] == ranked(samples, 50)
+    assert summary["p95_ms"] == ranked(samples, 95)
+    assert summary["min_ms"] <= summary["p50_ms"] <= summary["p95_ms"] <= summary["max_ms"]
+    assert summary["requests_per_s"] == pytest.approx(count / summary["wall_s"], rel=1e-3)
+
+
+@pytest.fixture(scope="module")
+def record(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("bench")
+    argv = ["bench", "--package", str(tiny_vela), "--workloads", "backbone,noul-default", "--tokens", "32",
+            "--requests", "3", "--warmup", "1", "--profile", "backbone-32",
+            "--http", "--http-workload", "noul-default", "--concurrency", "1,2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    return json.loads((out / "bench.json").read_text(encoding="utf-8")), out
+
+
+def test_record_structure(record: tuple[dict, Path]) -> None:
+    data, out = record
+    assert data["format"] == "s1omni-bench/1"
+    assert data["started"] <= data["finished"]
+    assert data["failures"] == 0
+    machine = data["machine"]
+    assert machine["cpu_count"] >= 1 and machine["gpu_count"] == len(machine["gpus"])
+    assert machine["torch"] and machine["onnxruntime"]
+    assert data["member"]["id"] == "vela2-synth-tiny-s0"
+    reference = data["subjects"][REFERENCE]
+    assert (reference["runner"], reference["device"], reference["precision"]) == ("torch", "cpu", "fp32")
+    assert [entry["name"] for entry in data["workloads"]] == ["backbone-32", "noul-default"]
+    first = data["workloads"][0]
+    assert (first["prefix_tokens"], first["block_tokens"], first["input_tokens"]) == (32, 8, 40)
+    assert data["workloads"][1]["input_tokens"] > 0 and data["workloads"][1]["results"][REFERENCE]["answer_errors"] == 0
+    assert data["profile"]["workload"] == "backbone-32" and data["profile"]["subject"] == REFERENCE
+    assert data["profile"]["wall_ms"] > 0 and data["profile"]["operators"] and data["profile"]["kernel_ms"] is None
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_in_process_percentiles_are_nearest_rank(record: tuple[dict, Path]) -> None:
+    for entry in record[0]["workloads"]:
+        assert list(entry["results"]) == [REFERENCE] and entry["ratios"] == {}
+        check_summary(entry["results"][REFERENCE], 3)
+
+
+def test_http_runs(record: tuple[dict, Path]) -> None:
+    data, out = record
+    http = data["http"]
+    assert http["case"] == "noul-default"
+    assert (out / http["servers"][REFERENCE]["log"]).is_file()
+    assert [(run["subject"], run["concurrency"]) for run in http["runs"]] == [(REFERENCE, 1), (REFERENCE, 2)]
+    for run in http["runs"]:
+        check_summary(run, 3)
+        assert run["failures"] == {} and run["warmup"] == run["concurrency"]
+        assert set(run["server_timing_median_ms"]) == STAGES
+        # Each response's server time lies inside its client time, so the medians keep that order.
+        assert run["server_timing_median_ms"]["total"] <= run["p50_ms"] and run["client_minus_server_median_ms"] >= 0
+
+
+def test_ratios_come_from_the_same_run(tiny_model) -> None:
+    # Two subjects of one process, timed on the same inputs (the same model twice keeps it quick).
+    entry = measure(backbone(16), {REFERENCE: tiny_model, "again": tiny_model}, 3, 1, lambda _: None)
+    mine, theirs = entry["results"]["again"], entry["results"][REFERENCE]
+    assert entry["ratios"]["again"] == {
+        "p50": round(mine["p50_ms"] / theirs["p50_ms"], 4),
+        "p95": round(mine["p95_ms"] / theirs["p95_ms"], 4),
+    }
+    runs = [{"subject": REFERENCE, "concurrency": 1, **theirs}, {"subject": "again", "concurrency": 1, **mine}]
+    assert http_ratios(runs)["again"]["1"] == ratios(mine, theirs, ("p50_ms", "p95_ms", "requests_per_s"))
+
+
+def test_nearest_rank_and_summary() -> None:
+    assert nearest_rank([4.0, 1.0, 3.0, 2.0], 50) == 2.0
+    assert nearest_rank([float(i) for i in range(1, 21)], 95) == 19.0
+    assert nearest_rank([float(i) for i in range(1, 101)], 95) == 95.0
+    assert nearest_rank([7.0], 95) == 7.0
+    summary = summarize([10.0, 30.0, 20.0], 0.5)
+    assert (summary["p50_ms"], summary["p95_ms"], summary["mean_ms"], summary["requests_per_s"]) == (20.0, 30.0, 20.0, 6.0)
+
+
+def test_server_timing_header() -> None:
+    header = (
+        "parse;dur=0.120, tokenize;dur=1.500, queue;dur=0.000, forward;dur=12.250, "
+        "post;dur=0.300, serialize;dur=0.050, total;dur=14.400"
+    )
+    assert server_timing(header) == {
+        "parse": 0.12, "tokenize": 1.5, "queue": 0.0, "forward": 12.25, "post": 0.3, "serialize": 0.05, "total": 14.4,
+    }  # fmt: skip
