@@ -1,7 +1,10 @@
 """Answer-level comparison of an engine's JSON answers with the reference's, per case.
 
 Decisions are the choice key, the score's most probable level, a noul's side of 0.5, a set's
-selected labels and a span question's set of (label, start, end). Probabilities are every
+selected labels and a span question's set of (label, start, end). A decision's margin is the
+reference's top-two probability gap (choice, score) or twice its distance to the decision boundary
+(noul: 0.5; set: the nearest label to the threshold); gates with a margin hold only decisions at
+least that clear. Probabilities are every
 probability the answers report (choice and score probabilities, abstain, noul, set labels, the
 probability of spans both sides found).
 """
@@ -77,7 +80,9 @@ def compare(reference: dict[str, Any], engine: dict[str, Any], margin: float) ->
             decision(same, abs(ref["noul"] - 0.5) * 2, f"{key}: noul {got['noul']:.6f} vs {ref['noul']:.6f}")
     for key, ref in reference.get("sets", {}).items():
         got = engine.get("sets", {}).get(key, {"selected": None})
-        decision(ref["selected"] == got["selected"], 1.0, f"sets.{key}: {got['selected']} != {ref['selected']}")
+        threshold = reference["thresholds"][key]
+        nearest = min(abs(p - threshold) for p in ref["probabilities"].values()) * 2
+        decision(ref["selected"] == got["selected"], nearest, f"sets.{key}: {got['selected']} != {ref['selected']}")
     for key, ref in reference.get("spans", {}).items():
         got = engine.get("spans", {}).get(key, [])
         ref_set = {(s["label"], s["start"], s["end"]): s["probability"] for s in ref}

@@ -1,0 +1,6 @@
+"""The offline stages: ONNX export of member backbones, engine builds and their validation.
+
+``export.onnx_export.export_backbone`` traces a package's Qwen3.5 text backbone into two graphs
+with explicit state (``prefill.onnx`` and ``continue.onnx``); ``export.patches`` holds the
+export-friendly forward it traces. This package imports ``runtime``; ``runtime`` never imports it.
+"""

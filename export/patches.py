@@ -1,0 +1,333 @@
+"""An export-friendly forward of transformers' ``Qwen3_5TextModel`` with explicit state.
+
+Only what cannot be traced into one dynamic-length graph is replaced. The model's own modules run
+unchanged: embeddings, rotary, decoder layers (norms, residuals, MLP), every projection and norm
+inside the token mixers. The two token mixers are swapped, per instance and only while tracing
+(``explicit_state_forward``), for versions that read and write an ``ExplicitState``:
+
+- Gated DeltaNet: the causal conv runs over ``[conv window ; inputs]`` (the window is the last
+  K-1 projected inputs of the prefix, zeros for a fresh prefix); the chunked delta rule keeps the
+  reference's chunking (64 tokens from the row's first token, zeros after its last) and runs its
+  inter-chunk recurrence as ``torch.ops.higher_order.scan``, which exports as one ONNX ``Scan``
+  whatever the number of chunks. The reference's unit-triangular solve inside a chunk becomes a
+  recursive block inverse: six levels of fixed 64x64 matmuls.
+- Attention: attends over ``[prefix K/V ; own K/V]`` with an additive mask built in the graph from
+  the key mask and causality, and records its K/V post-norm and post-RoPE, as HF caches them.
+
+Left-padded prefill rows: the Gated DeltaNet mixer rotates each row so its real tokens come first
+(``Realign``), which reproduces the unpadded reference's chunk boundaries and end padding exactly;
+attention, MLP and norms work per token and never see padded keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import MethodType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._higher_order_ops.scan import scan
+from transformers.activations import ACT2FN
+from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb, eager_attention_forward, l2norm
+
+CHUNK = 64  # the reference's chunk size (torch_chunk_gated_delta_rule's default, FLA's too)
+MASKED = torch.finfo(torch.float32).min  # what HF's eager masks add: finite, so fully masked rows stay finite
+
+
+def state_names(layer_types: list[str]) -> list[str]:
+    """The state tensors in layer order: ``conv.i, recurrent.i`` per Gated DeltaNet layer, ``key.i, value.i`` per attention layer."""
+    names = []
+    for index, kind in enumerate(layer_types):
+        names += [f"conv.{index}", f"recurrent.{index}"] if kind == "linear_attention" else [f"key.{index}", f"value.{index}"]
+    return names
+
+
+def rows(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values[b, index[b, t]]`` for ``values`` ``[B, S, H]`` and ``index`` ``[B, T]``.
+
+    One ``Gather`` over the flattened rows: an element-wise gather would need a ``[B, T, H]`` index.
+    """
+    batch, width, hidden = values.shape
+    flat = index + torch.arange(batch, device=index.device)[:, None] * width
+    return torch.index_select(values.reshape(batch * width, hidden), 0, flat.reshape(-1)).reshape(batch, -1, hidden)
+
+
+@dataclass
+class Realign:
+    """Rotates left-padded rows so their real tokens come first, and back.
+
+    ``front[b, t]`` is the padded index of rotated position t and ``back`` its inverse; ``tail`` marks
+    the rotated positions holding real tokens.
+    """
+
+    valid: torch.Tensor  # bool [B, S], padded layout
+    length: torch.Tensor  # int64 [B]
+    front: torch.Tensor  # int64 [B, S]
+    back: torch.Tensor  # int64 [B, S]
+    tail: torch.Tensor  # bool [B, S], rotated layout
+
+    @classmethod
+    def from_mask(cls, valid: torch.Tensor) -> Realign:
+        length, pads = valid.sum(-1), (~valid).sum(-1)
+        # The row width as a tensor (length + pads): the exporter cannot take a remainder by a symbolic int.
+        width = (length + pads)[:, None]
+        steps = torch.arange(valid.shape[1], device=valid.device)[None, :]
+        front = torch.remainder(steps + pads[:, None], width)
+        back = torch.remainder(steps - pads[:, None] + width, width)
+        return cls(valid, length, front, back, steps < length[:, None])
+
+
+@dataclass
+class ExplicitState:
+    """What the patched mixers read (``past``, the mask) and write (``present``) in one forward."""
+
+    bias: torch.Tensor  # additive attention mask [B, 1, S, P + S]
+    past: dict[str, torch.Tensor] = field(default_factory=dict)
+    realign: Realign | None = None
+    present: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def prefill_state(attention_mask: torch.Tensor) -> ExplicitState:
+    """A fresh state for left-padded rows: causal attention over valid keys, realigned delta rule."""
+    valid = attention_mask.bool()
+    steps = torch.arange(valid.shape[1], device=valid.device)
+    allowed = (steps[None, :] <= steps[:, None])[None] & valid[:, None, :]
+    return ExplicitState(bias=_bias(allowed), realign=Realign.from_mask(valid))
+
+
+def continue_state(past_mask: torch.Tensor, length: int, past: dict[str, torch.Tensor]) -> ExplicitState:
+    """Blocks of ``length`` tokens after a prefix: the valid prefix keys, then their own keys causally."""
+    steps = torch.arange(length, device=past_mask.device)
+    own = (steps[None, :] <= steps[:, None])[None].expand(past_mask.shape[0], -1, -1)
+    prefix = past_mask.bool()[:, None, :].expand(-1, length, -1)
+    return ExplicitState(bias=_bias(torch.cat([prefix, own], dim=-1)), past=past)
+
+
+def _bias(allowed: torch.Tensor) -> torch.Tensor:
+    zero = torch.zeros((), dtype=torch.float32, device=allowed.device)
+    return torch.where(allowed, zero, zero + MASKED)[:, None]
+
+
+def unit_lower_inverse(system: torch.Tensor) -> torch.Tensor:
+    """``(I + tril(system, -1))^-1`` over the last two axes, in log2(CHUNK) fixed-size steps.
+
+    Recursive block inversion, all blocks of a level at once: if ``T`` inverts the diagonal
+    b-blocks and ``E`` holds the lower b-blocks that join them in pairs, ``T - T E T`` inverts the
+    2b-blocks (exactly, since ``E T E = 0``). As accurate as the forward substitution HF traces under
+    torch.export (the product form ``(I+N)(I+N^2)(I+N^4)...`` was 2-5x less so) without its CHUNK-1
+    dependent steps.
+    """
+    size = system.shape[-1]
+    lower = system.tril(-1)
+    block = torch.arange(size, device=system.device)
+
+    def joins(width: int) -> torch.Tensor:
+        pair, own = block // (2 * width), block // width
+        return (pair[:, None] == pair[None, :]) & (own[:, None] != own[None, :])
+
+    # Level 1 from T = I, written out so every matmul below is batch-shaped like ``system``.
+    inverse = torch.eye(size, dtype=system.dtype, device=system.device) - lower * joins(1)
+    width = 2
+    while width < size:
+        inverse = inverse - inverse @ (lower * joins(width)) @ inverse
+        width *= 2
+    return inverse
+
+
+def _chunk_step(recurrent: torch.Tensor, chunk: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of the reference's scan: read the state, then update it (the ``Scan`` body)."""
+    query, key, new_values, k_cumdecay, intra_chunk_attn, chunk_decay = chunk
+    v_new = new_values - k_cumdecay @ recurrent
+    out = query @ recurrent + intra_chunk_attn @ v_new
+    recurrent = recurrent * chunk_decay + key.transpose(-1, -2) @ v_new
+    return recurrent, out
+
+
+def chunk_gated_delta_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``torch_chunk_gated_delta_rule`` (qk l2-normalised) with a dynamic number of chunks.
+
+    Same shapes, same operations in the same order; only the unit-triangular solve and the Python
+    loop over chunks differ (``unit_lower_inverse`` and a ``scan``).
+    """
+    batch, sequence_length, heads, _ = key.shape
+    v_head_dim = value.shape[-1]
+    query, key, value, beta, decay = [x.transpose(1, 2).to(torch.float32) for x in (query, key, value, beta, g)]
+    query = l2norm(query, dim=-1, eps=1e-6)
+    key = l2norm(key, dim=-1, eps=1e-6)
+    query = query * query.shape[-1] ** -0.5
+
+    # Chunks counted up front so every padded size is plainly chunks * CHUNK to the symbolic shape checker.
+    chunks = (sequence_length + CHUNK - 1) // CHUNK
+    pad_size = chunks * CHUNK - sequence_length
+    query, key, value = (F.pad(x, (0, 0, 0, pad_size)) for x in (query, key, value))
+    beta, decay = (F.pad(x, (0, pad_size)) for x in (beta, decay))
+    v_beta = value * beta.unsqueeze(-1)
+    k_beta = key * beta.unsqueeze(-1)
+    query, key, k_beta, v_beta = [x.reshape(batch, heads, chunks, CHUNK, x.shape[-1]) for x in (query, key, k_beta, v_beta)]
+    decay = decay.reshape(batch, heads, chunks, CHUNK)
+    strictly_upper_mask = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=query.device).triu(1)
+
+    # torch accumulates a float32 cumsum in float64 on the CPU; saying so keeps ONNX Runtime's CumSum exact too.
+    cum_decay = decay.double().cumsum(dim=3).to(torch.float32)
+    pairwise_decay = cum_decay.unsqueeze(4) - cum_decay.unsqueeze(3)
+    pairwise_decay = pairwise_decay.masked_fill(strictly_upper_mask, float("-inf")).exp()
+    ut_system = (k_beta @ key.transpose(-1, -2)) * pairwise_decay
+    intra_chunk_attn = (query @ key.transpose(-1, -2)) * pairwise_decay
+    decayed_k_beta = k_beta * cum_decay.exp().unsqueeze(-1)
+    # The reference's solve_triangular(ut_system, ..., unitriangular=True) for both right-hand sides.
+    ut_inverse = unit_lower_inverse(ut_system)
+    new_values, k_cumdecay = ut_inverse @ v_beta, ut_inverse @ decayed_k_beta
+
+    query = query * cum_decay.exp().unsqueeze(-1)
+    key = key * (cum_decay[..., -1:] - cum_decay).exp().unsqueeze(-1)
+    chunk_decay = cum_decay[..., -1].exp()[..., None, None]
+
+    per_chunk = [x.movedim(2, 0) for x in (query, key, new_values, k_cumdecay, intra_chunk_attn, chunk_decay)]
+    final_state, core_attn_out = scan(_chunk_step, initial_state.to(torch.float32), per_chunk)
+    # A copy, then a view: merging the chunk axis never depends on the number of chunks being 1 or more.
+    core_attn_out = core_attn_out.movedim(0, 2).clone(memory_format=torch.contiguous_format)
+    core_attn_out = core_attn_out.view(batch, heads, chunks * CHUNK, v_head_dim)
+    # Cropping by negative padding keeps the length symbolically equal to sequence_length.
+    return F.pad(core_attn_out, (0, 0, 0, -pad_size)).transpose(1, 2), final_state
+
+
+def gated_delta_net_forward(self, hidden_states: torch.Tensor, cache_params: ExplicitState, **kwargs) -> torch.Tensor:
+    """``Qwen3_5GatedDeltaNet.forward`` with the conv window and recurrent state in ``cache_params``."""
+    state, realign = cache_params, cache_params.realign
+    if realign is not None:
+        # HF's apply_mask_to_padding_states, then each row's real tokens to the front.
+        hidden_states = rows(hidden_states * realign.valid[..., None].to(hidden_states.dtype), realign.front)
+    batch_size, seq_len, _ = hidden_states.shape
+    window = self.conv_kernel_size - 1
+
+    mixed_qkv = self.in_proj_qkv(hidden_states).transpose(1, 2)
+    z = self.in_proj_z(hidden_states).reshape(batch_size, seq_len, -1, self.head_v_dim)
+    b = self.in_proj_b(hidden_states)
+    a = self.in_proj_a(hidden_states)
+
+    past_conv = state.past.get(f"conv.{self.layer_idx}")
+    if past_conv is None:
+        past_conv = mixed_qkv.new_zeros(batch_size, self.conv_dim, window)
+    mixed_qkv = torch.cat([past_conv, mixed_qkv], dim=-1)
+    if realign is None:
+        state.present[f"conv.{self.layer_idx}"] = mixed_qkv[:, :, -window:]
+    else:
+        last = realign.length[:, None] + torch.arange(window, device=mixed_qkv.device)
+        state.present[f"conv.{self.layer_idx}"] = torch.gather(mixed_qkv, 2, last[:, None, :].expand(-1, self.conv_dim, -1))
+    mixed_qkv = F.conv1d(mixed_qkv, self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)
+    mixed_qkv = ACT2FN[self.activation](mixed_qkv)
+    beta = b.sigmoid()
+    g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+    if realign is not None:
+        # After the real tokens the reference's rule sees zero q/k/v and zero log-decay (its end padding).
+        mixed_qkv = mixed_qkv * realign.tail[:, None, :].to(mixed_qkv.dtype)
+        g = g * realign.tail[..., None].to(g.dtype)
+
+    mixed_qkv = mixed_qkv.transpose(1, 2)
+    query, key, value = torch.split(mixed_qkv, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    query = query.reshape(batch_size, seq_len, -1, self.head_k_dim)
+    key = key.reshape(batch_size, seq_len, -1, self.head_k_dim)
+    value = value.reshape(batch_size, seq_len, -1, self.head_v_dim)
+    if self.num_v_heads // self.num_k_heads > 1:
+        query = query.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
+        key = key.repeat_interleave(self.num_v_heads // self.num_k_heads, dim=2)
+
+    recurrent = state.past.get(f"recurrent.{self.layer_idx}")
+    if recurrent is None:
+        recurrent = torch.zeros(batch_size, self.num_v_heads, self.head_k_dim, self.head_v_dim, device=value.device)
+    core_attn_out, state.present[f"recurrent.{self.layer_idx}"] = chunk_gated_delta_rule(query, key, value, g, beta, recurrent)
+
+    core_attn_out = core_attn_out.to(value.dtype).reshape(-1, self.head_v_dim)
+    core_attn_out = self.norm(core_attn_out, z.reshape(-1, self.head_v_dim)).reshape(batch_size, seq_len, -1)
+    output = self.out_proj(core_attn_out)
+    return output if realign is None else rows(output, realign.back)
+
+
+def attention_forward(
+    self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], past_key_values: ExplicitState, **kwargs
+) -> tuple[torch.Tensor, None]:
+    """``Qwen3_5Attention.forward`` over ``[prefix K/V ; own K/V]`` with the mask of ``past_key_values``."""
+    state = past_key_values
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    query_states, gate = torch.chunk(self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim * 2), 2, dim=-1)
+    gate = gate.reshape(*input_shape, -1)
+    query_states = self.q_norm(query_states.view(hidden_shape)).transpose(1, 2)
+    key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+    value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+    state.present[f"key.{self.layer_idx}"], state.present[f"value.{self.layer_idx}"] = key_states, value_states
+    if f"key.{self.layer_idx}" in state.past:
+        key_states = torch.cat([state.past[f"key.{self.layer_idx}"], key_states], dim=2)
+        value_states = torch.cat([state.past[f"value.{self.layer_idx}"], value_states], dim=2)
+    attn_output, _ = eager_attention_forward(self, query_states, key_states, value_states, state.bias, scaling=self.scaling)
+    attn_output = attn_output.reshape(*input_shape, -1).contiguous() * torch.sigmoid(gate)
+    return self.o_proj(attn_output), None
+
+
+@contextmanager
+def explicit_state_forward(model: nn.Module) -> Iterator[None]:
+    """Install the state-explicit mixers on ``model``'s layers for the duration of the block, then remove them."""
+    mixers = []
+    for layer in model.layers:
+        if layer.block_type == "linear_attention":
+            mixers.append((layer.linear_attn, gated_delta_net_forward))
+        else:
+            mixers.append((layer.self_attn, attention_forward))
+    try:
+        for module, forward in mixers:
+            module.forward = MethodType(forward, module)
+        yield
+    finally:
+        for module, _ in mixers:
+            module.__dict__.pop("forward", None)
+
+
+def _layers(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, state: ExplicitState) -> torch.Tensor:
+    """The text model's own forward, less its cache and mask plumbing: final-norm hidden states."""
+    hidden = model.embed_tokens(input_ids)
+    position_embeddings = model.rotary_emb(hidden, position_ids)
+    for layer in model.layers:
+        hidden = layer(hidden, position_embeddings=position_embeddings, past_key_values=state)
+    return model.norm(hidden)
+
+
+class PrefillForward(nn.Module):
+    """``(input_ids, position_ids, attention_mask, readout_index) -> (hidden, *state)``: left-padded prefixes from zero state."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.names = state_names(model.config.layer_types)
+
+    def forward(self, input_ids, position_ids, attention_mask, readout_index):
+        state = prefill_state(attention_mask)
+        hidden = _layers(self.model, input_ids, position_ids, state)
+        return (rows(hidden, readout_index), *(state.present[name] for name in self.names))
+
+
+class ContinueForward(nn.Module):
+    """``(input_ids, position_ids, past_mask, readout_index, *past state) -> hidden``: blocks after a prefix."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.names = state_names(model.config.layer_types)
+
+    def forward(self, input_ids, position_ids, past_mask, readout_index, *past):
+        state = continue_state(past_mask, input_ids.shape[1], dict(zip(self.names, past, strict=True)))
+        hidden = _layers(self.model, input_ids, position_ids, state)
+        # Blocks are right-padded, so the state after them (state.present) is no state to continue from.
+        return rows(hidden, readout_index)

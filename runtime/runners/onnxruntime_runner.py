@@ -1,0 +1,144 @@
+"""The ONNX Runtime runner: the exported ``prefill.onnx`` and ``continue.onnx`` on the CPU or CUDA EP.
+
+``run`` batches the trees it is given: their prefixes left-padded into one prefill call, then all
+their blocks right-padded into one continue call, each block reading its owner's state row. The
+state stays in ONNX Runtime values between the two calls (on the GPU under CUDA, through I/O
+binding); a small Gather graph picks the owners' rows, so only token ids go in and only the
+hidden states at the readouts come out.
+
+Float32 throughout; on CUDA, TF32 is off so the engine can be held to the float32 reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+from onnx import TensorProto, helper
+
+from .base import Block, Prefix, Tree, pad_blocks, text_positions
+
+GATHER_OPSET = 18
+GATHER_IR_VERSION = 8  # onnx writes its newest IR version by default; ONNX Runtime reads up to its own
+
+
+@dataclass(frozen=True)
+class PrefixState:
+    """What ``prefill`` returns: the state tensors of ``len(mask)`` prefixes, their key masks and block starts."""
+
+    values: list[onnxruntime.OrtValue]  # one per state name, batch-major
+    mask: np.ndarray  # int64 [B, P]: 1 where a prefix key is real (prefixes are left-padded)
+    starts: np.ndarray  # int64 [B]: the position each prefix's blocks start at
+
+
+def row_gather_graph(names: Sequence[str]) -> bytes:
+    """``gathered.i = Gather(state.i, index)`` along the batch axis for every state tensor."""
+    nodes, inputs, outputs = [], [helper.make_tensor_value_info("index", TensorProto.INT64, ["rows"])], []
+    for i, _ in enumerate(names):
+        inputs.append(helper.make_tensor_value_info(f"state.{i}", TensorProto.FLOAT, None))
+        outputs.append(helper.make_tensor_value_info(f"gathered.{i}", TensorProto.FLOAT, None))
+        nodes.append(helper.make_node("Gather", [f"state.{i}", "index"], [f"gathered.{i}"], axis=0))
+    graph = helper.make_graph(nodes, "state_rows", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", GATHER_OPSET)], ir_version=GATHER_IR_VERSION)
+    return model.SerializeToString()
+
+
+class OnnxRuntimeRunner:
+    name = "onnxruntime"
+    precision = "fp32"
+
+    def __init__(self, engine_dir: str | Path, device: str = "cpu"):
+        engine_dir = Path(engine_dir)
+        self.device = "cuda" if str(device).startswith("cuda") else "cpu"
+        self._device_id = int(str(device).partition(":")[2] or 0)
+        if self.device == "cuda":
+            # The CUDA EP dlopens cuBLAS/cuDNN by name: load them from the nvidia-* wheels torch brought.
+            onnxruntime.preload_dlls()
+            providers = [("CUDAExecutionProvider", {"device_id": self._device_id, "use_tf32": 0}), "CPUExecutionProvider"]
+        else:
+            providers = ["CPUExecutionProvider"]
+        self._prefill = onnxruntime.InferenceSession(str(engine_dir / "prefill.onnx"), providers=providers)
+        self._continue = onnxruntime.InferenceSession(str(engine_dir / "continue.onnx"), providers=providers)
+        if self.device == "cuda" and "CUDAExecutionProvider" not in self._prefill.get_providers():
+            raise RuntimeError("onnxruntime has no CUDA execution provider here (install onnxruntime-gpu)")
+        outputs = self._prefill.get_outputs()
+        self.hidden_size = int(outputs[0].shape[-1])
+        self._names = [output.name for output in outputs[1:]]
+        expected = {f"past_{name}" for name in self._names}
+        if expected - {value.name for value in self._continue.get_inputs()}:
+            raise ValueError(f"{engine_dir}: continue.onnx does not take the state prefill.onnx returns")
+        self._rows = onnxruntime.InferenceSession(row_gather_graph(self._names), providers=providers)
+
+    def prefill(self, prefix: Prefix) -> PrefixState:
+        return self._prefill_batch([prefix])
+
+    def continue_blocks(self, state: PrefixState, prefix: Prefix, blocks: Sequence[Block]) -> list[np.ndarray]:
+        """Hidden states at each block's readouts, every block continuing from ``state`` (one prefix)."""
+        if not blocks:
+            return []
+        return self._continue_batch(state, np.zeros(len(blocks), np.int64), blocks)
+
+    def run(self, trees: Sequence[Tree]) -> list[list[np.ndarray]]:
+        """All trees in one prefill and one continue call (trees without blocks are skipped)."""
+        busy = [index for index, tree in enumerate(trees) if tree.blocks]
+        out: list[list[np.ndarray]] = [[] for _ in trees]
+        if not busy:
+            return out
+        state = self._prefill_batch([trees[index].prefix for index in busy])
+        owners = np.array([row for row, index in enumerate(busy) for _ in trees[index].blocks], np.int64)
+        hidden = iter(self._continue_batch(state, owners, [block for index in busy for block in trees[index].blocks]))
+        for index in busy:
+            out[index] = [next(hidden) for _ in trees[index].blocks]
+        return out
+
+    def _prefill_batch(self, prefixes: Sequence[Prefix]) -> PrefixState:
+        width = max(len(prefix.ids) for prefix in prefixes)
+        ids = np.zeros((len(prefixes), width), np.int64)
+        mask = np.zeros((len(prefixes), width), np.int64)
+        positions = np.zeros((3, len(prefixes), width), np.int64)
+        for row, prefix in enumerate(prefixes):
+            if prefix.embeds is not None:
+                raise NotImplementedError("prefill.onnx takes token ids; prefixes with image embeddings need the vision export")
+            length = len(prefix.ids)
+            ids[row, width - length :] = prefix.ids
+            mask[row, width - length :] = 1
+            positions[:, row, width - length :] = prefix.positions if prefix.positions is not None else text_positions(0, length)
+        binding = self._prefill.io_binding()
+        feeds = {"input_ids": ids, "position_ids": positions, "attention_mask": mask, "readout_index": np.full((len(prefixes), 1), width - 1, np.int64)}
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        binding.bind_output("hidden", "cpu")  # one readout per row, unused: the blocks' readouts are what counts
+        for name in self._names:
+            binding.bind_output(name, self.device, self._device_id)
+        self._prefill.run_with_iobinding(binding)
+        values = binding.get_outputs()[1:]
+        starts = np.array([prefix.start for prefix in prefixes], np.int64)
+        return PrefixState(values=values, mask=mask, starts=starts)
+
+    def _continue_batch(self, state: PrefixState, owners: np.ndarray, blocks: Sequence[Block]) -> list[np.ndarray]:
+        ids, readouts = pad_blocks(blocks)
+        width = ids.shape[1]
+        positions = (state.starts[owners][:, None] + np.arange(width, dtype=np.int64)[None, :])[None].repeat(3, axis=0)
+        binding = self._continue.io_binding()
+        feeds = {"input_ids": ids, "position_ids": positions, "past_mask": state.mask[owners], "readout_index": readouts}
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        for name, value in zip(self._names, self._owner_rows(state, owners), strict=True):
+            binding.bind_ortvalue_input(f"past_{name}", value)
+        binding.bind_output("hidden", "cpu")
+        self._continue.run_with_iobinding(binding)
+        hidden = binding.copy_outputs_to_cpu()[0]
+        return [hidden[row, : len(block.readouts)] for row, block in enumerate(blocks)]
+
+    def _owner_rows(self, state: PrefixState, owners: np.ndarray) -> list[onnxruntime.OrtValue]:
+        """Each block's row of every state tensor, gathered where the state lives."""
+        binding = self._rows.io_binding()
+        binding.bind_cpu_input("index", owners)
+        for i, value in enumerate(state.values):
+            binding.bind_ortvalue_input(f"state.{i}", value)
+            binding.bind_output(f"gathered.{i}", self.device, self._device_id)
+        self._rows.run_with_iobinding(binding)
+        return binding.get_outputs()
