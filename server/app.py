@@ -1,11 +1,12 @@
 """The HTTP routes: ``/v1/systemone`` (alias ``/v1/decisions``), ``/v1/models``, ``/health``,
 ``/health/live`` and ``/metrics`` (vllm-project/semantic-router:src/model-runtime/vllm_srun/api/app.py).
 
-The body is read against ``max_request_bytes``: a declared ``Content-Length`` over it is answered
-413 before a byte is read, and a streamed body is counted as it arrives and refused as soon as it
-passes the limit. Routes of surfaces other families serve answer 422 ``unsupported_surface``; an
-unknown route 404 and a wrong method 405, both ``invalid_request``. Errors are
-``{"error": {"code", "message"}}``; 429 carries ``Retry-After``.
+One handler serves every family; the served family (``service.family``) reads the body, answers
+it, and gives each refusal its body and headers. The body is read against the family's limit: a
+declared ``Content-Length`` over it is answered 413 before a byte is read, and a streamed body is
+counted as it arrives and refused as soon as it passes the limit. Routes of surfaces other
+families serve answer 422 ``unsupported_surface``; an unknown route 404 and a wrong method 405,
+both ``invalid_request``.
 """
 
 from __future__ import annotations
@@ -30,25 +31,16 @@ from runtime.errors import RequestError
 from . import wire
 from .access import CLIENT_CLOSED, Access
 from .metrics import CONTENT_TYPE
-from .service import API_VERSION, Service
+from .service import Service
 
 log = logging.getLogger("s1omni.server")
 
 JSON = "application/json"
 OTHER_SURFACES = ("/v1/classify", "/v1/embeddings", "/v1/rerank")
-RETRY_AFTER_S = 1
 
 
 def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(wire.encode(content), status_code=status, headers=headers, media_type=JSON)
-
-
-def _error(request: Request, error: RequestError, status: int | None = None, headers: dict[str, str] | None = None) -> Response:
-    """The contract's error body; ``status`` overrides the code's own (404 and 405 are ``invalid_request``)."""
-    request.state.code = error.code
-    if error.code == "overloaded":
-        headers = {**(headers or {}), "Retry-After": str(RETRY_AFTER_S)}
-    return _json(error.body(), status or error.status, headers)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -65,7 +57,15 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def create_app(service: Service) -> ASGIApp:
-    config = service.config
+    config, family = service.config, service.family
+
+    def _error(
+        request: Request, error: RequestError, status: int | None = None, headers: dict[str, str] | None = None
+    ) -> Response:
+        """The family's refusal; ``status`` overrides the code's own (404 and 405 are ``invalid_request``)."""
+        request.state.code = error.code
+        status, body, own = family.refusal(error, status)
+        return _json(body, status, {**(headers or {}), **own})
 
     async def decisions(request: Request) -> Response:
         timing = request.state.timing
@@ -73,10 +73,10 @@ def create_app(service: Service) -> ASGIApp:
         arrival = None
         try:
             arrival = service.arrive()
-            raw = await _read_body(request, config.max_request_bytes)
-            body = wire.decode(raw)
+            raw = await _read_body(request, family.max_body)
+            body = family.read(raw)
             timing.parse = time.perf_counter() - timing.started
-            content, request.state.tokens = await service.decide(body, len(raw), timing, arrival)
+            content, request.state.tokens = await family.answer(body, len(raw), timing, arrival)
             mark = time.perf_counter()
             payload = wire.encode(content)
             timing.serialize = time.perf_counter() - mark
@@ -109,7 +109,7 @@ def create_app(service: Service) -> ASGIApp:
         return _json(service.health())
 
     async def live(request: Request) -> Response:
-        return _json({"api_version": API_VERSION, "status": "alive"})
+        return _json(family.live())
 
     async def metrics(request: Request) -> Response:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)

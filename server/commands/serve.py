@@ -1,10 +1,15 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from . import add_registry
 
+if TYPE_CHECKING:
+    from ..config import ServeConfig
+
 HELP = "serve /v1/systemone over HTTP from a member package, an engine, or the embedded demo member"
+VELA_ONLY = ("max_queue", "max_queued_tokens", "max_request_bytes", "batch_window_ms", "max_batch_tokens", "max_batch_plans")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -19,14 +24,37 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     add_registry(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--max-queue", type=int, default=limits.max_queue, metavar="N", help="admitted jobs not yet answered")
-    parser.add_argument("--max-queued-tokens", type=int, default=limits.max_queued_tokens, metavar="N")
-    parser.add_argument("--max-request-bytes", type=int, default=defaults.max_request_bytes, metavar="N")
-    parser.add_argument("--batch-window-ms", type=float, default=limits.batch_window_s * 1e3, metavar="MS")
-    parser.add_argument("--max-batch-tokens", type=int, default=limits.max_batch_tokens, metavar="N")
-    parser.add_argument("--max-batch-plans", type=int, default=limits.max_batch_plans, metavar="N")
     parser.add_argument("--drain-timeout", type=float, default=defaults.drain_timeout_s, metavar="S", help="on SIGTERM, the longest wait for requests in flight")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    # No argparse defaults here: an option given for an OmniJev package is refused, not ignored.
+    vela = parser.add_argument_group("Vela 2.0 only", "OmniJev keeps its contract's: 12 MiB bodies, 16 admitted, 2 preparing")
+    vela.add_argument("--max-queue", type=int, metavar="N", help=f"admitted jobs not yet answered (default {limits.max_queue})")
+    vela.add_argument("--max-queued-tokens", type=int, metavar="N", help=f"their tokens (default {limits.max_queued_tokens})")
+    vela.add_argument("--max-request-bytes", type=int, metavar="N", help=f"body limit (default {defaults.max_request_bytes})")
+    vela.add_argument("--batch-window-ms", type=float, metavar="MS", help=f"default {limits.batch_window_s * 1e3:g}")
+    vela.add_argument("--max-batch-tokens", type=int, metavar="N", help=f"default {limits.max_batch_tokens}")
+    vela.add_argument("--max-batch-plans", type=int, metavar="N", help=f"default {limits.max_batch_plans}")
+
+
+def _given_vela_only(args: argparse.Namespace) -> list[str]:
+    return [f"--{name.replace('_', '-')}" for name in VELA_ONLY if getattr(args, name) is not None]
+
+
+def _config(args: argparse.Namespace) -> ServeConfig:
+    from ..config import ServeConfig
+    from ..scheduler import Limits
+
+    window = None if args.batch_window_ms is None else args.batch_window_ms / 1e3
+    limits = {
+        "max_queue": args.max_queue,
+        "max_queued_tokens": args.max_queued_tokens,
+        "batch_window_s": window,
+        "max_batch_tokens": args.max_batch_tokens,
+        "max_batch_plans": args.max_batch_plans,
+    }
+    body = {} if args.max_request_bytes is None else {"max_request_bytes": args.max_request_bytes}
+    given = Limits(**{name: value for name, value in limits.items() if value is not None})
+    return ServeConfig(args.host, args.port, limits=given, drain_timeout_s=args.drain_timeout, **body)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,12 +63,11 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from runtime.api import load_model
+    from runtime.package import detect_family
     from runtime.registry import Registry
 
     from .. import demo
-    from ..config import ServeConfig
     from ..process import serve
-    from ..scheduler import Limits
     from ..service import ModelSource, Service
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -52,14 +79,12 @@ def run(args: argparse.Namespace) -> int:
     if path is None:
         source = ModelSource("demo", partial(demo.load, args.device), demo.NOTICE)
     else:
-        source = ModelSource(Path(path).name, lambda: load_model(path, Registry.load(args.registry), args.device))
-    limits = Limits(
-        max_queue=args.max_queue,
-        max_queued_tokens=args.max_queued_tokens,
-        batch_window_s=args.batch_window_ms / 1e3,
-        max_batch_tokens=args.max_batch_tokens,
-        max_batch_plans=args.max_batch_plans,
-    )
-    config = ServeConfig(args.host, args.port, args.max_request_bytes, limits, args.drain_timeout)
-    serve(Service(config, source), args.log_level)
+        # Known before the load, so that even a request refused while it loads gets the family's form.
+        # Engines are Vela 2.0 only (runtime/engine.py).
+        family = detect_family(Path(path)) if args.package else "vela2"
+        source = ModelSource(Path(path).name, lambda: load_model(path, Registry.load(args.registry), args.device), family=family)
+    given = _given_vela_only(args)
+    if source.family != "vela2" and given:
+        raise SystemExit(f"s1omni serve: {', '.join(given)} apply to Vela 2.0 members only, not to {source.family}")
+    serve(Service(_config(args), source), args.log_level)
     return 0

@@ -2,8 +2,8 @@
 
 Each server is a subprocess on a free port (``--port 0``; the port is read from uvicorn's log line),
 with ``S1OMNI_HOME`` the session's home and ``--registry`` the session registry, talked to over HTTP with
-httpx. Nothing stands in for the model: members are written by ``runtime.synth.vela2`` and loaded
-by ``runtime.api.load_model`` in the server.
+httpx. Nothing stands in for the model: members are written by ``runtime.synth.vela2`` and
+``runtime.synth.omnijev`` and loaded by ``runtime.api.load_model`` in the server.
 """
 
 from __future__ import annotations
@@ -48,6 +48,17 @@ def nan_member(s1omni_home: Path) -> Path:
 def broken_member(s1omni_home: Path) -> Path:
     """Every choice-type answer is NaN (a NaN temperature), so its warm-up can never pass."""
     return _changed_member(s1omni_home, 2, lambda values: values["temperature"].update({"choice": math.nan}))
+
+
+@pytest.fixture(scope="session")
+def omnijev_package(s1omni_home: Path) -> Path:
+    """The tiny synthetic OmniJev member (seed 0), pinned in the session registry."""
+    from runtime.registry import write_entry
+    from runtime.synth import omnijev
+
+    root = s1omni_home / "omnijev-tiny-served"
+    write_entry(user_registry(), omnijev.write(root, "tiny", 0))
+    return root
 
 
 @pytest.fixture(scope="session")

@@ -98,6 +98,15 @@ def error(response: httpx.Response, status: int, code: str) -> str:
     return body["error"]["message"]
 
 
+def detail(response: httpx.Response, status: int) -> str:
+    """Check an OmniJev refusal (status, a ``{"detail": str}`` body, Server-Timing); its detail."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert list(body) == ["detail"] and isinstance(body["detail"], str), body
+    stages(response)
+    return body["detail"]
+
+
 def metric(text: str, name: str, **labels: str) -> float:
     """One sample of a Prometheus text exposition (0 when absent)."""
     wanted = ",".join(f'{key}="{value}"' for key, value in labels.items())
