@@ -30,7 +30,8 @@ def default_engine_dir(manifest: dict[str, Any], backend: str, target: str) -> P
 
 
 def _graph_files(export_dir: Path) -> list[str]:
-    return sorted(p.name for p in export_dir.iterdir() if p.name.startswith(("prefill.", "continue.")))
+    """The graphs and everything they reference (external weights), i.e. all but the shared files."""
+    return sorted(p.name for p in export_dir.iterdir() if p.name not in ("manifest.json", *SHARED_FILES))
 
 
 def tensorrt_profiles(export_dir: Path, max_tokens: int) -> dict[str, dict[str, tuple[int, int, int]]]:
