@@ -36,7 +36,7 @@ cat "$out/validate-$size.txt"
 tail -n 3 "$out/validate-$size.log"
 stamp "bench"
 s1omni bench --package "$pkg" --engine "$eng" --device cuda --workloads "$workloads" --tokens 128,600,2048 \
-  --requests 30 --warmup 5 --http --concurrency 1,8,16 --profile backbone-128 --out "$out" \
+  --requests 16 --warmup 2 --http --concurrency 1,8,16 --profile backbone-128 --out "$out" \
   $([ "$validated" = 0 ] || echo --allow-unvalidated) 2> "$out/bench-$size.log"
 stamp "done (validation exit $validated)"
 exit "$validated"

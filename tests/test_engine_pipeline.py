@@ -1,0 +1,107 @@
+"""The whole engine pipeline on the tiny Vela member, through the CLI a user runs.
+
+export -> build (ONNX Runtime CPU) -> validate (Polygraphy, the cpu-fp32 gate) -> serve; over HTTP
+the engine's answers equal the reference server's: identical decisions, identical usage, max
+absolute probability difference <= 1e-5. The same export also builds a TensorRT plan ahead of time
+with TensorRT for RTX where it is installed, and the runner refuses that plan on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from export.compare_answers import compare
+from runtime.errors import PackageError
+from tests.server.serving import Server
+
+CASES = json.loads((Path(__file__).parent.parent / "calib" / "vela2" / "cases.json").read_text(encoding="utf-8"))["cases"]
+SERVED = ("golden", "router-signals-600", "span-windowed-long", "all-kinds-one-row", "mixed-invalid", "cjk")
+
+
+def s1omni(*args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True, env=os.environ)
+    assert result.returncode == 0, f"s1omni {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(scope="session")
+def exported(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "tiny"
+    s1omni("export", str(tiny_vela), "--out", str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def engine(exported: Path, tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("engine") / "ort-cpu"
+    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--out", str(out))
+    return out
+
+
+def test_export_manifest_pins_graphs_heads_and_source(exported: Path) -> None:
+    manifest = json.loads((exported / "manifest.json").read_text())
+    assert manifest["stage"] == "export" and manifest["member"]["name"] == "vela2-synth-tiny-s0"
+    assert {"prefill.onnx", "continue.onnx", "heads.safetensors", "tokenizer.json"} <= set(manifest["files"])
+    assert manifest["source"]["package_files"]["config.json"]
+
+
+def test_validate_meets_the_cpu_gate_and_records_it(engine: Path, tiny_vela: Path, tmp_path: Path) -> None:
+    result = s1omni("validate", str(engine), "--package", str(tiny_vela), "--report", str(tmp_path / "report.json"))
+    assert "golden" in result.stdout and "MISS" not in result.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["passed"] and report["gate"]["name"] == "cpu-fp32" and report["cases"] == len(CASES)
+    assert report["summary"]["max_probability"] <= 1e-5 and report["summary"]["layouts_identical"]
+    manifest = json.loads((engine / "manifest.json").read_text())
+    assert manifest["validation"]["passed"] and manifest["backend"] == "onnxruntime" and manifest["target"] == "cpu"
+
+
+@pytest.fixture(scope="module")
+def servers(engine: Path, tiny_vela: Path, s1omni_home: Path) -> Iterator[tuple[Server, Server]]:
+    s1omni("validate", str(engine), "--package", str(tiny_vela))  # serving needs a passed report
+    reference, compiled = Server(s1omni_home, str(tiny_vela)), Server(s1omni_home, "--engine", str(engine))
+    try:
+        reference.wait_status("ready")
+        compiled.wait_status("ready")
+        yield reference, compiled
+    finally:
+        reference.stop()
+        compiled.stop()
+
+
+@pytest.mark.parametrize("name", SERVED)
+def test_engine_server_answers_as_the_reference_server(servers: tuple[Server, Server], name: str) -> None:
+    request = next(case["request"] for case in CASES if case["name"] == name)
+    reference, compiled = (server.post(request) for server in servers)
+    assert reference.status_code == compiled.status_code == 200, (reference.text, compiled.text)
+    expected, got = reference.json(), compiled.json()
+    stats = compare(expected, got, margin=0.0)
+    assert stats.usage_equal and stats.same_decisions == stats.decisions, stats.problems
+    assert stats.same_span_sets == stats.span_sets and stats.max_probability <= 1e-5
+    assert list(got) == list(expected) and list(got["answers"]) == list(expected["answers"])
+
+
+def test_engine_card_names_its_backend(servers: tuple[Server, Server]) -> None:
+    card = servers[1].client.get("/v1/models").json()["data"][0]
+    assert card["engine"] == "onnxruntime" and card["device"] == "cpu" and card["id"] == "vela2-synth-tiny-s0"
+
+
+def test_tensorrt_plan_builds_ahead_of_time_and_is_refused_here(exported: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt_rtx_bindings", reason="TensorRT for RTX is not installed (pip install '.[tensorrt-rtx]')")
+    from runtime.runners.tensorrt_runner import TensorRtRunner
+
+    out = tmp_path / "trt-sm89"
+    s1omni("build", str(exported), "--backend", "tensorrt", "--target", "sm_89", "--out", str(out))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["library"] == "tensorrt_rtx" and manifest["target"] == "sm_89" and manifest["strongly_typed"]
+    assert set(manifest["plans"]) == {"prefill", "continue"}
+    for plan in manifest["plans"].values():
+        assert (out / plan["file"]).stat().st_size == plan["bytes"] > 0 and plan["sha256"] == manifest["files"][plan["file"]]
+    with pytest.raises(PackageError, match="--backend tensorrt --target"):
+        TensorRtRunner.load(out, manifest)
