@@ -10,14 +10,12 @@ contract, image or token refusal (context first, as ``question next: ...``), 503
 
 from __future__ import annotations
 
-import json
-import math
-import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from .. import strict_json
 from ..errors import RequestError
 from .image import EncodedImage, ImageRefused, read_data_url
 
@@ -31,12 +29,9 @@ MAX_TEXT_CHARS = 8192
 MAX_ID_CHARS = 256
 # Rendered option text is cut to this many code points, as the reference does.
 OPTION_CHARS = 200
-# serde_json's recursion limit, which the reference's strict parser inherits (inferred).
-MAX_DEPTH = 128
 # Text the reference would read as image or option markers, moving the readouts.
 RESERVED_TOKENS = ("<|opt|>", "<|/opt|>", "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 BUSY = "the worker is busy"
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 # The project's request error code for each status OmniJev answers with (for logs and metrics).
@@ -104,59 +99,6 @@ def served_names(model_id: str, member: str) -> frozenset[str]:
 # ----------------------------------------------------------------------------- strict JSON
 
 
-class _Malformed(ValueError):
-    pass
-
-
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    value = dict(pairs)
-    if len(value) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _Malformed(f"duplicate key {key!r}")
-            seen.add(key)
-    return value
-
-
-def _constant(name: str) -> Any:
-    raise _Malformed(f"{name} is not a JSON number")
-
-
-def _float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _Malformed(f"number {text[:40]} is out of range")
-    return value
-
-
-def _int(text: str) -> int:
-    value = int(text)
-    try:
-        float(value)
-    except OverflowError:
-        raise _Malformed(f"number {text[:40]} is out of range") from None
-    return value
-
-
-def _check_tree(value: Any, escapes_surrogates: bool) -> None:
-    """Refuse nesting past ``MAX_DEPTH`` and, when the body escapes one, lone surrogates."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str):
-            if escapes_surrogates:
-                try:
-                    item.encode("utf-8")  # strict UTF-8 cannot carry a lone surrogate
-                except UnicodeEncodeError:
-                    raise _Malformed("lone surrogate in a string") from None
-        elif isinstance(item, (dict, list)):
-            if depth > MAX_DEPTH:
-                raise _Malformed("recursion limit exceeded")
-            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-
-
 def parse_strict(body: bytes) -> dict[str, Any]:
     """The request body as a JSON object: 413 over 12 MiB, 400 for anything a strict parser refuses.
 
@@ -166,16 +108,9 @@ def parse_strict(body: bytes) -> dict[str, Any]:
     if len(body) > MAX_BODY:
         raise ContractError(413, "request body exceeds 12 MiB")
     try:
-        text = body.decode("utf-8")
-        value = json.loads(
-            text, object_pairs_hook=_object, parse_constant=_constant, parse_float=_float, parse_int=_int
-        )
-        # Valid UTF-8 holds no surrogate: only a \uD800-\uDFFF escape can make one.
-        _check_tree(value, _SURROGATE_ESCAPE.search(body) is not None)
-    except UnicodeDecodeError as exc:
-        raise ContractError(400, f"invalid UTF-8: {exc.reason} at byte {exc.start}") from None
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and _Malformed are ValueErrors
-        raise ContractError(400, f"invalid JSON: {exc}") from None
+        value = strict_json.loads(body)
+    except strict_json.StrictJsonError as exc:
+        raise ContractError(400, str(exc) if exc.kind == "utf8" else f"invalid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ContractError(400, "invalid JSON: the request must be an object")
     return value

@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from ..digest import sha256_file, sha256_json
 from ..registry import Member
 from ..staging import staged_directory
+from .qwen35 import text_config
 from .tokenizer import train_tokenizer
 
 PII_TYPES = [
@@ -67,39 +68,15 @@ def member_name(size: str, seed: int, max_length: int = MAX_LENGTH) -> str:
 
 
 def backbone_config(size: Size) -> dict[str, Any]:
-    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(size.layers)]
     return {
-        "model_type": "qwen3_5_text",
-        "vocab_size": size.vocab,
-        "hidden_size": size.hidden,
-        "intermediate_size": size.intermediate,
-        "num_hidden_layers": size.layers,
-        "num_attention_heads": size.heads,
-        "num_key_value_heads": size.kv_heads,
-        "head_dim": size.attention_head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 262144,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "tie_word_embeddings": size.hidden < 4096,
-        "layer_types": layer_types,
-        "full_attention_interval": 4,
-        "linear_conv_kernel_dim": 4,
-        "linear_key_head_dim": size.linear_head_dim,
-        "linear_value_head_dim": size.linear_head_dim,
-        "linear_num_key_heads": size.linear_k_heads,
-        "linear_num_value_heads": size.linear_v_heads,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 10000000,
-            "partial_rotary_factor": 0.25,
-            "mrope_interleaved": True,
-            "mrope_section": list(size.mrope_section),
-        },
-        "mamba_ssm_dtype": "float32",
+        **text_config(
+            vocab=size.vocab, hidden=size.hidden, intermediate=size.intermediate, layers=size.layers, heads=size.heads,
+            kv_heads=size.kv_heads, head_dim=size.attention_head_dim, linear_k_heads=size.linear_k_heads,
+            linear_v_heads=size.linear_v_heads, linear_head_dim=size.linear_head_dim, mrope_section=size.mrope_section,
+            tie_embeddings=size.hidden < 4096,
+        ),
         "pad_token_id": 0,
-    }
+    }  # fmt: skip
 
 
 def config(size_name: str, seed: int, max_length: int = MAX_LENGTH) -> dict[str, Any]:
