@@ -2,5 +2,7 @@
 
 ``export.onnx_export.export_backbone`` traces a package's Qwen3.5 text backbone into two graphs
 with explicit state (``prefill.onnx`` and ``continue.onnx``); ``export.patches`` holds the
-export-friendly forward it traces. This package imports ``runtime``; ``runtime`` never imports it.
+export-friendly forward it traces. Vision members add ``export.vision_export`` (the tower) and
+``export.omnijev_export`` (what their export holds). This package imports ``runtime``; ``runtime``
+never imports it.
 """

@@ -7,6 +7,11 @@ reference's top-two probability gap (choice, score) or twice its distance to the
 least that clear. Probabilities are every
 probability the answers report (choice and score probabilities, abstain, noul, set labels, the
 probability of spans both sides found).
+
+OmniJev answers (``compare_omnijev``) carry no ``type``: the kind shows in their fields. Their
+decisions are the choice key (with ``valid``), the score's level key and a noul's side of 0.5;
+their probabilities are noul, every choice and score probability and abstain; their score
+expectation is the expected level position, 0 at the first level and 1 at the last.
 """
 
 from __future__ import annotations
@@ -28,6 +33,19 @@ class CaseStats:
     usage_equal: bool = True
     problems: list[str] = field(default_factory=list)
 
+    def probability(self, a: float, b: float) -> None:
+        self.max_probability = max(self.max_probability, abs(a - b))
+
+    def decision(self, same: bool, top_two: float, margin: float, what: str) -> None:
+        """One decision; ``top_two`` is the reference's margin, held to the gate's ``margin``."""
+        self.decisions += 1
+        self.same_decisions += same
+        if top_two >= margin:
+            self.margin_decisions += 1
+            self.same_margin_decisions += same
+        if not same:
+            self.problems.append(what)
+
 
 def _margin(probabilities: dict[str, float]) -> float:
     ranked = sorted(probabilities.values(), reverse=True)
@@ -43,17 +61,10 @@ def compare(reference: dict[str, Any], engine: dict[str, Any], margin: float) ->
     if not stats.usage_equal:
         stats.problems.append(f"usage {engine['usage']} != {reference['usage']}")
 
-    def probability(a: float, b: float) -> None:
-        stats.max_probability = max(stats.max_probability, abs(a - b))
+    probability = stats.probability
 
     def decision(same: bool, top_two: float, what: str) -> None:
-        stats.decisions += 1
-        stats.same_decisions += same
-        if top_two >= margin:
-            stats.margin_decisions += 1
-            stats.same_margin_decisions += same
-        if not same:
-            stats.problems.append(what)
+        stats.decision(same, top_two, margin, what)
 
     for key, ref in reference["answers"].items():
         got = engine["answers"].get(key)
@@ -97,3 +108,37 @@ def compare(reference: dict[str, Any], engine: dict[str, Any], margin: float) ->
         if abs(ref - engine.get("thresholds", {}).get(key, float("nan"))) > 1e-12:
             stats.problems.append(f"thresholds.{key} differs")
     return stats
+
+
+def compare_omnijev(reference: dict[str, Any], engine: dict[str, Any], margin: float) -> CaseStats:
+    """One OmniJev response against the reference's (answers in the reference's key order)."""
+    stats = CaseStats(usage_equal=reference["usage"] == engine["usage"])
+    if not stats.usage_equal:
+        stats.problems.append(f"usage {engine['usage']} != {reference['usage']}")
+    if reference["model"] != engine["model"]:
+        stats.decision(False, 1.0, margin, f"model {engine['model']} != {reference['model']}")
+    for key, ref in reference["answers"].items():
+        got = engine["answers"].get(key)
+        if got is None or got.keys() != ref.keys():
+            stats.decision(False, 1.0, margin, f"{key}: {got} vs {ref}")
+        elif "choice" in ref:
+            for option, p in ref["probabilities"].items():
+                stats.probability(p, got["probabilities"][option])
+            stats.probability(ref["abstain"], got["abstain"])
+            same = (ref["choice"], ref["valid"]) == (got["choice"], got["valid"])
+            stats.decision(same, _margin(ref["probabilities"]), margin, f"{key}: {got['choice']} != {ref['choice']}")
+        elif "score" in ref:
+            for level, p in ref["probabilities"].items():
+                stats.probability(p, got["probabilities"][level])
+            stats.max_score = max(stats.max_score, abs(_expected_level(ref) - _expected_level(got)))
+            stats.decision(ref["score"] == got["score"], _margin(ref["probabilities"]), margin, f"{key}: level {got['score']} != {ref['score']}")
+        else:
+            stats.probability(ref["noul"], got["noul"])
+            same = (ref["noul"] > 0.5) == (got["noul"] > 0.5)
+            stats.decision(same, abs(ref["noul"] - 0.5) * 2, margin, f"{key}: noul {got['noul']:.6f} vs {ref['noul']:.6f}")
+    return stats
+
+
+def _expected_level(answer: dict[str, Any]) -> float:
+    probabilities = list(answer["probabilities"].values())
+    return sum(p * i for i, p in enumerate(probabilities)) / max(len(probabilities) - 1, 1)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import onnxruntime
+import torch
 from torch import nn
 
 from runtime.runners.base import Block, Prefix, text_positions
@@ -35,11 +36,16 @@ def check_graphs(model: nn.Module, directory: Path, lengths: tuple[int, int] = L
     )
     reference = TorchRunner(model)
     names = state_names(model.config.layer_types)
+    embeds = prefill.get_inputs()[0].name == "inputs_embeds"
     rng = np.random.default_rng(0)
     report: dict[str, float] = {}
     for prefix_length, block_length in (lengths, lengths[::-1]):
         ids = rng.integers(1, model.config.vocab_size, prefix_length)
-        hidden, *state = prefill.run(None, _feeds(ids, 0, "attention_mask"))
+        feeds = _feeds(ids, 0, "attention_mask")
+        if embeds:  # the tokens' own embeddings: what the reference runner's prefill looks up
+            with torch.no_grad():
+                feeds["inputs_embeds"] = model.embed_tokens(torch.as_tensor(feeds.pop("input_ids"))).numpy()
+        hidden, *state = prefill.run(None, feeds)
         cache = reference.prefill(Prefix(ids))
         found = {"prefill.hidden": _relative(hidden[0], reference.forward(ids))}
         for name, value in zip(names, state, strict=True):

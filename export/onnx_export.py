@@ -1,8 +1,11 @@
-"""ONNX export of a Vela 2.0 decoder backbone (Qwen3.5 text) as two graphs with explicit state.
+"""ONNX export of a Qwen3.5 text backbone (a Vela 2.0 decoder's; OmniJev's language model) as two
+graphs with explicit state.
 
 ``prefill.onnx`` runs left-padded prefixes from zero state and returns the hidden states at the
 readouts plus every state tensor; ``continue.onnx`` runs right-padded blocks from those states.
-Batch, sequence, readout and prefix axes are dynamic.
+Batch, sequence, readout and prefix axes are dynamic. A vision member's prefill takes token
+embeddings (``inputs_embeds``) rather than ids, so that its image features can take the place of
+the image placeholders' embeddings.
 
 How: ``torch.export`` of the forward in ``export.patches`` (the model's own modules, with the two
 token mixers made state-explicit), then the dynamo ONNX exporter. The projections, norms, rotary
@@ -49,6 +52,8 @@ EXTERNAL_MIN_BYTES = 1024  # smaller constants stay in the graphs
 ALIGNMENT = 65536  # large tensors start at offsets ONNX Runtime can memory-map on any page size
 EXAMPLE_LENGTH = 70  # crosses a chunk boundary; any length traces the same graph
 PREFILL_INPUTS = ["input_ids", "position_ids", "attention_mask", "readout_index"]
+# Vision members' prefill: token embeddings with the image features in place (the runner looks them up).
+PREFILL_EMBEDS_INPUTS = ["inputs_embeds", "position_ids", "attention_mask", "readout_index"]
 CONTINUE_INPUTS = ["input_ids", "position_ids", "past_mask", "readout_index"]
 
 
@@ -80,16 +85,19 @@ def _dims() -> dict[str, torch.export.Dim]:
     return {name: torch.export.Dim(name, min=1) for name in ("batch", "sequence", "readouts", "past_sequence")}
 
 
-def prefill_example(model: nn.Module, length: int) -> tuple[tuple[torch.Tensor, ...], tuple[Any, ...]]:
-    """Example inputs (two rows, the first left-padded) and their dynamic axes."""
+def prefill_example(model: nn.Module, length: int, embeds: bool = False) -> tuple[tuple[torch.Tensor, ...], tuple[Any, ...]]:
+    """Example inputs (two rows, the first left-padded; token ids or embeddings) and their dynamic axes."""
     batch, d = 2, _dims()
-    ids = torch.randint(1, model.config.vocab_size, (batch, length))
+    if embeds:
+        inputs = torch.randn(batch, length, model.config.hidden_size)
+    else:
+        inputs = torch.randint(1, model.config.vocab_size, (batch, length))
     mask = torch.ones(batch, length, dtype=torch.long)
     mask[0, :3] = 0
     positions = torch.arange(length).expand(3, batch, length).clone()
     readouts = torch.tensor([[length - 1, 5, 3], [length - 1, 0, 2]])
     rows = {0: d["batch"], 1: d["sequence"]}
-    return (ids, positions, mask, readouts), (rows, {1: d["batch"], 2: d["sequence"]}, rows, {0: d["batch"], 1: d["readouts"]})
+    return (inputs, positions, mask, readouts), (rows, {1: d["batch"], 2: d["sequence"]}, rows, {0: d["batch"], 1: d["readouts"]})
 
 
 def _example_state(model: nn.Module, name: str, batch: int, past: int) -> torch.Tensor:
@@ -196,12 +204,22 @@ def export_model(
     example_length: int = EXAMPLE_LENGTH,
     external_data_bytes: int = EXTERNAL_DATA_BYTES,
     check: bool = True,
+    prefill_embeds: bool = False,
 ) -> Path:
-    """Trace ``model`` into ``out_dir``, atomically: ``prefill.onnx``, ``continue.onnx``, ``export.json``."""
+    """Trace ``model`` into ``out_dir``, atomically: ``prefill.onnx``, ``continue.onnx``, ``export.json``.
+
+    ``prefill_embeds``: the prefill takes ``inputs_embeds`` rather than token ids (vision members).
+    """
     names = state_names(model.config.layer_types)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    prefill_inputs = PREFILL_EMBEDS_INPUTS if prefill_embeds else PREFILL_INPUTS
     graphs = {
-        "prefill": (PrefillForward(model), prefill_example(model, example_length), PREFILL_INPUTS, ["hidden", *names]),
+        "prefill": (
+            PrefillForward(model, prefill_embeds),
+            prefill_example(model, example_length, prefill_embeds),
+            prefill_inputs,
+            ["hidden", *names],
+        ),
         "continue": (ContinueForward(model), continue_example(model, example_length), CONTINUE_INPUTS + [f"past_{n}" for n in names], ["hidden"]),
     }
     started = time.perf_counter()
@@ -224,6 +242,7 @@ def export_model(
             "graphs": {name: f"{name}.onnx" for name in graphs},
             "weights": WEIGHTS_FILE if shared else None,
             "state": names,
+            "prefill_input": prefill_inputs[0],
             "opset": opset,
             "example_length": example_length,
             "nodes": nodes,

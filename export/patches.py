@@ -295,9 +295,8 @@ def explicit_state_forward(model: nn.Module) -> Iterator[None]:
             module.__dict__.pop("forward", None)
 
 
-def _layers(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, state: ExplicitState) -> torch.Tensor:
-    """The text model's own forward, less its cache and mask plumbing: final-norm hidden states."""
-    hidden = model.embed_tokens(input_ids)
+def _layers(model: nn.Module, hidden: torch.Tensor, position_ids: torch.Tensor, state: ExplicitState) -> torch.Tensor:
+    """The text model's own forward from token embeddings, less its cache and mask plumbing: final-norm hidden states."""
     position_embeddings = model.rotary_emb(hidden, position_ids)
     for layer in model.layers:
         hidden = layer(hidden, position_embeddings=position_embeddings, past_key_values=state)
@@ -305,16 +304,21 @@ def _layers(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tenso
 
 
 class PrefillForward(nn.Module):
-    """``(input_ids, position_ids, attention_mask, readout_index) -> (hidden, *state)``: left-padded prefixes from zero state."""
+    """``(input_ids, position_ids, attention_mask, readout_index) -> (hidden, *state)``: left-padded prefixes from zero state.
 
-    def __init__(self, model: nn.Module):
+    With ``embeds`` the first input is ``inputs_embeds`` ``[B, S, H]`` instead: the caller looks the
+    tokens up and puts a vision member's image features in place of its image placeholders.
+    """
+
+    def __init__(self, model: nn.Module, embeds: bool = False):
         super().__init__()
         self.model = model
+        self.embeds = embeds
         self.names = state_names(model.config.layer_types)
 
-    def forward(self, input_ids, position_ids, attention_mask, readout_index):
+    def forward(self, inputs, position_ids, attention_mask, readout_index):
         state = prefill_state(attention_mask)
-        hidden = _layers(self.model, input_ids, position_ids, state)
+        hidden = _layers(self.model, inputs if self.embeds else self.model.embed_tokens(inputs), position_ids, state)
         return (rows(hidden, readout_index), *(state.present[name] for name in self.names))
 
 
@@ -328,6 +332,6 @@ class ContinueForward(nn.Module):
 
     def forward(self, input_ids, position_ids, past_mask, readout_index, *past):
         state = continue_state(past_mask, input_ids.shape[1], dict(zip(self.names, past, strict=True)))
-        hidden = _layers(self.model, input_ids, position_ids, state)
+        hidden = _layers(self.model, self.model.embed_tokens(input_ids), position_ids, state)
         # Blocks are right-padded, so the state after them (state.present) is no state to continue from.
         return rows(hidden, readout_index)

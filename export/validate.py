@@ -7,7 +7,8 @@ same token ids and readouts everywhere, same usage, decisions identical (all of 
 float32; on a GPU where the reference's top-two margin is at least the gate's margin), probabilities within
 the gate, score expectations within the gate, and enough identical span sets. The validator prints
 a table per case, records the report in the engine's manifest and fails on any miss; an engine
-without a passing report is never served.
+without a passing report is never served. How a family's cases are fed, run and compared is
+``export.case_io``'s (OmniJev: from pixels, with the image features as a second tensor, unrounded).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from polygraphy.comparator import Comparator, CompareFunc, RunResults
 
 from runtime.engine import load_engine_model, read_stage, write_manifest
 
-from .compare_answers import CaseStats, compare
-from .reference import REFERENCE_RUNNER, answers_from, case_feeds, layout_digest, load_cases, load_reference, make_reference
-from .tree_runner import TreeRunner
+from .case_io import case_io
+from .compare_answers import CaseStats
+from .reference import REFERENCE_RUNNER, answers_from, case_feeds, compared, layout_digest, load_cases, load_reference, make_reference
 
 CALIB = Path(__file__).resolve().parent.parent / "calib"
 
@@ -81,23 +82,24 @@ def validate(
     engine = load_engine_model(engine_dir, allow_unvalidated=True)
     print(f"validate {member}: {manifest['backend']}/{manifest['target']} ({manifest['precision']}) against "
           f"{record['runner']['name']}/{record['runner']['device']}, gate {gate_name}, {len(cases)} cases", file=sys.stderr, flush=True)  # fmt: skip
+    io = case_io(family)
     plans, feeds = case_feeds(engine, cases)
-    runner = TreeRunner(engine.runner)
+    runner = io.runner(engine)
     results = Comparator.run([runner], data_loader=feeds)
     combined = RunResults()
     combined.append((REFERENCE_RUNNER, reference_results[REFERENCE_RUNNER]))
     combined.append((runner.name, results[runner.name]))
     accuracy = Comparator.compare_accuracy(combined, compare_func=CompareFunc.simple(**gate["tensor"]))
     tensor = next(iter(accuracy[0].values()))  # one compare function, one runner pair: per-iteration results
-    responses = answers_from(engine, plans, results[runner.name])
+    answers = answers_from(engine, plans, results[runner.name])
     rows, passed = [], bool(accuracy)
     totals = CaseStats()
-    for case, plan, response, expected, outputs in zip(cases, plans, responses, record["cases"], tensor, strict=True):
-        stats = compare(expected["response"], response, gate["decision_margin"])
+    for case, plan, (response, values), expected, outputs in zip(cases, plans, answers, record["cases"], tensor, strict=True):
+        stats = io.compare(compared(expected), values, gate["decision_margin"])
         same_layout = layout_digest(plan) == expected["layout"]
         hidden = outputs["hidden"]
         ok = (
-            same_layout and stats.usage_equal and bool(hidden)
+            same_layout and stats.usage_equal and all(bool(result) for result in outputs.values())
             and stats.max_probability <= gate["max_probability"] and stats.max_score <= gate["max_score"]
             and stats.same_margin_decisions == stats.margin_decisions
         )  # fmt: skip
@@ -106,6 +108,7 @@ def validate(
         rows.append(
             {"case": case["name"], "tokens": response["usage"]["input_tokens"], "same_layout": same_layout,
              "hidden_max_abs": float(hidden.max_absdiff), "hidden_max_rel": float(hidden.max_reldiff),
+             **({"image_max_abs": float(outputs["image_embeds"].max_absdiff)} if "image_embeds" in outputs else {}),
              "max_probability": stats.max_probability, "max_score": stats.max_score,
              "decisions": f"{stats.same_decisions}/{stats.decisions}", "span_sets": f"{stats.same_span_sets}/{stats.span_sets}",
              "passed": ok, "problems": stats.problems[:5]}  # fmt: skip
@@ -122,6 +125,7 @@ def validate(
             "max_probability": totals.max_probability,
             "max_score": totals.max_score,
             "hidden_max_abs": max(row["hidden_max_abs"] for row in rows),
+            **({"image_max_abs": max(row["image_max_abs"] for row in rows)} if "image_max_abs" in rows[0] else {}),
             "decisions": f"{totals.same_decisions}/{totals.decisions}",
             "margin_decisions": f"{totals.same_margin_decisions}/{totals.margin_decisions}",
             "span_sets": f"{totals.same_span_sets}/{totals.span_sets}",

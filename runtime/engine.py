@@ -5,6 +5,7 @@ engines/<member>/<backend>/<target>/
     prefill.* continue.*   heads.safetensors   tokenizer.json   config.json   calibration.json
     manifest.json   # member identity, source and graph hashes, backend + version, target,
                     # precision, shape profiles, the validation report and the gates it met
+    (OmniJev also: vision.onnx  embedding.safetensors  preprocessor_config.json  release.json)
 ```
 
 Every file an engine loads is pinned by SHA-256 in its manifest, like a package. A runner refuses an
@@ -80,15 +81,18 @@ def validated(manifest: dict[str, Any]) -> bool:
     return bool(report.get("passed"))
 
 
-def engine_runner(path: Path, manifest: dict[str, Any], device: str):
+def engine_runner(path: Path, manifest: dict[str, Any], device: str, embedding: Any = None):
+    """The engine's backbone runner; ``embedding``: the table of a prefill taking ``inputs_embeds`` (vision members)."""
     backend = manifest.get("backend")
     if backend == "onnxruntime":
         from .runners.onnxruntime_runner import OnnxRuntimeRunner
 
-        return OnnxRuntimeRunner(path, device=manifest.get("device", device))
+        return OnnxRuntimeRunner(path, device=manifest.get("device", device), embedding=embedding)
     if backend == "tensorrt":
         from .runners.tensorrt_runner import TensorRtRunner
 
+        if embedding is not None:
+            raise PackageError(f"{path}: TensorRT plans of vision members are not built yet; build for onnxruntime")
         return TensorRtRunner.load(path, manifest)
     raise PackageError(f"{path / MANIFEST} names an unknown backend {backend!r}")
 
@@ -114,6 +118,10 @@ def load_engine_model(
             f"the engine {path} was built from {member['name']}@{member['revision']}, but the registry pins "
             f"{known.revision}; rebuild it with `s1omni export` and `s1omni build`"
         )
+    if manifest.get("family") == "omnijev":
+        from .omnijev.engine import load_engine
+
+        return load_engine(path, manifest, device)
     if manifest.get("family") != "vela2":
         raise PackageError(f"no engine model for family {manifest.get('family')!r}")
     from .vela2.heads import read_tensors

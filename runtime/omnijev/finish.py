@@ -11,7 +11,8 @@ From ``tinnel123666888/OmniJev:mso/infer.py`` and ``mso/head.py`` as omnijev.md 
 
 Float32 round trips sit where the reference holds tensors; sums the reference does with
 Python's ``sum`` (or a float32 tensor sum) accumulate left to right, as Python 3.10 did.
-Values are rounded with Python's ``round(x, 4)``.
+Values are rounded with Python's ``round(x, 4)``; ``digits=None`` keeps them unrounded, for the
+validator, whose float32 gate (1e-5) lies below what four decimals can show.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from .contract import Kind, Question
 VALID_SLACK = np.float32(1 + 1e-5)
 
 
-def round4(value: float) -> float:
-    return round(float(value), 4)
+DIGITS = 4
+
+
+def rounded(value: float, digits: int | None = DIGITS) -> float:
+    return float(value) if digits is None else round(float(value), digits)
 
 
 def _sum(values: Sequence[float]) -> float:
@@ -97,16 +101,16 @@ def _first_max(values: Sequence[float]) -> int:
     return max(range(len(values)), key=lambda i: values[i])
 
 
-def noul(mu: np.ndarray, calibration: Calibration) -> dict[str, Any]:
+def noul(mu: np.ndarray, calibration: Calibration, digits: int | None = DIGITS) -> dict[str, Any]:
     p = float(mu[0])
     if calibration.noul_bias:  # temperature cannot move the 0.5 crossing; the bias can
         p = min(max(p, 1e-9), 1.0 - 1e-9)
         z = max(-40.0, min(40.0, math.log(p / (1.0 - p)) + calibration.noul_bias))
         p = 1.0 / (1.0 + math.exp(-z))
-    return {"noul": round4(calibration.scale([p, 1.0 - p], Kind.NOUL)[0])}
+    return {"noul": rounded(calibration.scale([p, 1.0 - p], Kind.NOUL)[0], digits)}
 
 
-def choice(keys: Sequence[str], mu: np.ndarray, calibration: Calibration) -> dict[str, Any]:
+def choice(keys: Sequence[str], mu: np.ndarray, calibration: Calibration, digits: int | None = DIGITS) -> dict[str, Any]:
     mu = np.asarray(mu, np.float32)
     total = _sum32(mu)
     valid = bool(total <= VALID_SLACK)
@@ -119,14 +123,14 @@ def choice(keys: Sequence[str], mu: np.ndarray, calibration: Calibration) -> dic
     values = [float(p) for p in probs]
     return {
         "choice": keys[_first_max(values)],
-        "probabilities": {key: round4(p) for key, p in zip(keys, values, strict=True)},
-        "abstain": round4(abstain),
+        "probabilities": {key: rounded(p, digits) for key, p in zip(keys, values, strict=True)},
+        "abstain": rounded(abstain, digits),
         "valid": valid,
-        "confidence": round4(confidence(full)),
+        "confidence": rounded(confidence(full), digits),
     }
 
 
-def score(keys: Sequence[str], mu: np.ndarray, calibration: Calibration) -> dict[str, Any]:
+def score(keys: Sequence[str], mu: np.ndarray, calibration: Calibration, digits: int | None = DIGITS) -> dict[str, Any]:
     mu = np.asarray(mu, np.float32)
     probs = (mu / max(_sum32(mu), np.float32(1e-6))).astype(np.float32)
     full = np.asarray(calibration.scale([*map(float, probs), 0.0], Kind.SCORE), np.float32)
@@ -135,19 +139,25 @@ def score(keys: Sequence[str], mu: np.ndarray, calibration: Calibration) -> dict
     values = [p / total for p in values]
     return {
         "score": keys[_first_max(values)],
-        "probabilities": {key: round4(p) for key, p in zip(keys, values, strict=True)},
-        "confidence": round4(confidence(np.asarray(values, np.float32))),
+        "probabilities": {key: rounded(p, digits) for key, p in zip(keys, values, strict=True)},
+        "confidence": rounded(confidence(np.asarray(values, np.float32)), digits),
     }
 
 
 def answer(
-    question: Question, mu: np.ndarray, calibration: Calibration, total_seconds: float, questions: int
+    question: Question,
+    mu: np.ndarray,
+    calibration: Calibration,
+    total_seconds: float,
+    questions: int,
+    digits: int | None = DIGITS,
 ) -> dict[str, Any]:
     """One question's answer, with ``latency_s`` (the total over the questions) and ``latency_total_s``."""
     if question.kind == Kind.NOUL:
-        body = noul(mu, calibration)
+        body = noul(mu, calibration, digits)
     elif question.kind == Kind.CHOICE:
-        body = choice(question.keys, mu, calibration)
+        body = choice(question.keys, mu, calibration, digits)
     else:
-        body = score(question.keys, mu, calibration)
-    return {**body, "latency_s": round4(total_seconds / questions), "latency_total_s": round4(total_seconds)}
+        body = score(question.keys, mu, calibration, digits)
+    latency = {"latency_s": rounded(total_seconds / questions, digits), "latency_total_s": rounded(total_seconds, digits)}
+    return {**body, **latency}

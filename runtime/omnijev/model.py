@@ -8,7 +8,11 @@ in the request's key order. This is ``MSO1.ask_branch`` (``tinnel123666888/OmniJ
 with the newer native executor's prefix reuse
 (``ThinkFlowLab/system1-omni:src/models/omnijev/native/src/executor.rs``);
 ``execute(..., prefix_reuse=False)`` is that executor's ``execute_rows``: one plain causal
-forward per row, for checking that reuse changes nothing.
+forward per row, for checking that reuse changes nothing (on the torch reference runner).
+
+The same class serves a package on the torch reference (``from_package``) and an engine
+(``runtime.omnijev.engine``): only the vision tower, the backbone runner and where the tied
+embedding comes from differ.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from __future__ import annotations
 import base64
 import io
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -26,8 +30,9 @@ from PIL import Image
 from tokenizers import Tokenizer
 
 from ..package import VerifiedPackage, read_json
-from ..runners.base import Block, Prefix, text_positions
+from ..runners.base import BackboneRunner, Block, Prefix, Tree, text_positions
 from ..runners.torch_runner import TorchRunner, load_backbone
+from ..vela2.model import Identity, identity_of
 from . import contract, finish, layout
 from .contract import ContractError, Kind, Question
 from .features import option_features, token_logprobs
@@ -40,6 +45,26 @@ from .vision import VisionTower
 PROCESSOR_CONFIG = "preprocessor_config.json"
 # Rows continuing the prefix in one batch (the reference's MSO_BRANCH_CHUNK).
 ROWS_PER_BATCH = 64
+# The vision tower: the processor's patches in, one embedding per image placeholder out.
+Vision = Callable[[Pixels], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Release:
+    """What the model reads from the release's export manifest and config, from a package or an engine."""
+
+    model_id: str
+    token_ids: TokenIds
+    calibration: finish.Calibration
+
+    @classmethod
+    def read(cls, manifest: dict[str, Any], config: dict[str, Any]) -> Release:
+        token_ids = TokenIds(
+            image=config["image_token_id"],
+            option_open=manifest["option_tokens"][layout.OPTION_OPEN],
+            option_close=manifest["option_tokens"][layout.OPTION_CLOSE],
+        )
+        return cls(manifest["model_id"], token_ids, finish.Calibration.from_manifest(manifest["calibration"]))
 
 
 @dataclass(frozen=True)
@@ -47,6 +72,7 @@ class OmniJevPlan:
     questions: tuple[Question, ...]
     pixels: Pixels
     layout: Layout
+    tree: Tree  # the prefix (image features not yet in) and one block per row, question by question
     preparation_seconds: float  # decode, preprocess and tokenize: part of the reported latency
 
     @property
@@ -56,6 +82,11 @@ class OmniJevPlan:
     @property
     def question_count(self) -> int:
         return len(self.questions)
+
+    @property
+    def trees(self) -> list[tuple[Tree, tuple[tuple[Row, ...], ...]]]:
+        """The runner trees with their rows, as Vela 2.0 plans list theirs (the validator reads both)."""
+        return [(self.tree, self.layout.rows)]
 
 
 @dataclass(frozen=True)
@@ -81,6 +112,22 @@ def _split(hidden: np.ndarray) -> RowReadout:
     return RowReadout(zq=hidden[0], u=hidden[1], targets=hidden[2:])
 
 
+def _group(plan: OmniJevPlan, hidden: Sequence[np.ndarray]) -> list[list[RowReadout]]:
+    """The hidden states of the plan's blocks, in order, as readouts per question and row."""
+    flat = iter(hidden)
+    return [[_split(next(flat)) for _ in rows] for rows in plan.layout.rows]
+
+
+def plan_tree(questions: Sequence[Question], lay: Layout) -> Tree:
+    """The runner tree of a layout: its prefix (positions, image placeholders) and a block per row."""
+    blocks = tuple(
+        Block(row.tokens, _readouts(row, question.kind))
+        for question, rows in zip(questions, lay.rows, strict=True)
+        for row in rows
+    )
+    return Tree(Prefix(lay.prefix, lay.positions, None, lay.image_index, lay.next_position), blocks)
+
+
 def warmup_png() -> bytes:
     """The worker's warm-up image: 96 x 64, pixel (x, y) = (x, y, 128)."""
     x, y = np.meshgrid(np.arange(96), np.arange(64))
@@ -92,35 +139,32 @@ def warmup_png() -> bytes:
 
 class OmniJevModel:
     family = "omnijev"
-    engine = "torch"
 
     def __init__(
         self,
-        package: VerifiedPackage,
+        identity: Identity,
+        release: Release,
         tokenizer: Tokenizer,
         processor: Processor,
-        vision: VisionTower,
-        runner: TorchRunner,
+        vision: Vision,
+        runner: BackboneRunner,
         heads: Heads,
+        embedding: np.ndarray,
     ):
-        manifest, config = package.details["manifest"], package.details["config"]
-        self.package = package
-        self.id: str = manifest["model_id"]
+        self.identity = identity
+        self.id = release.model_id
+        self.engine = runner.name
         self.device = runner.device
         self.tokenizer = tokenizer
         self.processor = processor
         self.vision = vision
         self.runner = runner
         self.heads = heads
-        self.calibration: finish.Calibration = package.details["calibration"]
-        self.token_ids = TokenIds(
-            image=config["image_token_id"],
-            option_open=manifest["option_tokens"][layout.OPTION_OPEN],
-            option_close=manifest["option_tokens"][layout.OPTION_CLOSE],
-        )
-        self.names = contract.served_names(self.id, package.member.name)
-        # The tied embedding is the LM head of the option-text log-probabilities.
-        self.embedding = runner.model.embed_tokens.weight.detach().float().cpu().numpy()
+        self.calibration = release.calibration
+        self.token_ids = release.token_ids
+        self.names = contract.served_names(self.id, identity.name)
+        # The tied embedding ``[vocabulary, hidden]``, float32: the LM head of the option-text log-probabilities.
+        self.embedding = embedding
 
     @classmethod
     def from_package(cls, package: VerifiedPackage, device: str = "cpu") -> OmniJevModel:
@@ -129,23 +173,25 @@ class OmniJevModel:
         processor_config = read_json(root / PROCESSOR_CONFIG) if PROCESSOR_CONFIG in manifest["outputs"] else None
         backbone = load_backbone(config["text_config"], [root / s for s in details["shards"]], prefix=LANGUAGE_PREFIX)
         return cls(
-            package,
+            identity_of(package),
+            Release.read(manifest, config),
             Tokenizer.from_file(str(root / "tokenizer.json")),
             Processor.from_config(processor_config, manifest["max_pixels"]),
             VisionTower.load(config["vision_config"], root / "vision.safetensors"),
             TorchRunner(backbone, device),
             Heads.load(root / "heads.safetensors"),
+            backbone.embed_tokens.weight.detach().float().cpu().numpy(),
         )
 
     def card(self) -> dict[str, Any]:
-        member = self.package.member
+        identity = self.identity
         return {
             "id": self.id,
             "object": "model",
             "family": self.family,
-            "member": member.name,
-            "revision": member.revision,
-            "synthetic": member.synthetic,
+            "member": identity.name,
+            "revision": identity.revision,
+            "synthetic": identity.synthetic,
             "engine": self.engine,
             "device": self.device,
             "precision": self.runner.precision,
@@ -199,7 +245,8 @@ class OmniJevModel:
         planned = layout.plan_layout(
             request.questions, self.tokenizer, pixels.tokens, pixels.grid, pixels.merge_size, self.token_ids
         )
-        return OmniJevPlan(request.questions, pixels, planned, time.perf_counter() - start)
+        tree = plan_tree(request.questions, planned)
+        return OmniJevPlan(request.questions, pixels, planned, tree, time.perf_counter() - start)
 
     def execute(self, plans: Sequence[OmniJevPlan], prefix_reuse: bool = True) -> list[Execution]:
         """Head outputs per plan; ``prefix_reuse=False`` runs one plain forward per row instead."""
@@ -207,16 +254,28 @@ class OmniJevModel:
         for plan in plans:
             start = time.perf_counter()
             features = self.vision(plan.pixels)
-            read = self._reused if prefix_reuse else self._plain
-            readouts = read(plan, features)
-            mu = self._heads(plan, readouts)
+            hidden = self._reused(plan, features) if prefix_reuse else self._plain(plan, features)
+            mu = self._heads(plan, hidden)
             out.append(Execution(mu, time.perf_counter() - start))
         return out
 
-    def finish(self, plan: OmniJevPlan, result: Execution) -> dict[str, Any]:
+    def read(self, plans: Sequence[OmniJevPlan], hidden: Sequence[Sequence[np.ndarray]]) -> list[Execution]:
+        """Head outputs from hidden states computed elsewhere (per plan's one tree, per block): the validator's path."""
+        out = []
+        for plan, blocks in zip(plans, hidden, strict=True):
+            start = time.perf_counter()
+            out.append(Execution(self._heads(plan, _group(plan, blocks)), time.perf_counter() - start))
+        return out
+
+    def image_features(self, values: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
+        """The vision tower over processed patches of ``grid`` (what the validator feeds)."""
+        return self.vision(Pixels(values, grid, self.processor.merge_size))
+
+    def finish(self, plan: OmniJevPlan, result: Execution, digits: int | None = finish.DIGITS) -> dict[str, Any]:
+        """The response; ``digits=None`` leaves every value unrounded (the validator's comparison)."""
         total = plan.preparation_seconds + result.seconds
         answers = {
-            question.id: finish.answer(question, mu, self.calibration, total, plan.question_count)
+            question.id: finish.answer(question, mu, self.calibration, total, plan.question_count, digits)
             for question, mu in zip(plan.questions, result.mu, strict=True)
         }
         return {"model": self.id, "answers": answers, "usage": {"input_tokens": plan.input_tokens, "output_tokens": 0}}
@@ -231,43 +290,31 @@ class OmniJevModel:
 
     # ------------------------------------------------------------------------- execution
 
-    def _prefix(self, plan: OmniJevPlan, features: np.ndarray) -> Prefix:
-        lay = plan.layout
-        return Prefix(lay.prefix, lay.positions, features, lay.image_index, lay.next_position)
-
     def _reused(self, plan: OmniJevPlan, features: np.ndarray) -> list[list[RowReadout]]:
         """The prefix once, then every row as a block continuing from its state."""
-        prefix = self._prefix(plan, features)
+        prefix = replace(plan.tree.prefix, embeds=features)
         state = self.runner.prefill(prefix)
-        blocks = [
-            Block(row.tokens, _readouts(row, question.kind))
-            for question, rows in zip(plan.questions, plan.layout.rows, strict=True)
-            for row in rows
-        ]
+        blocks = plan.tree.blocks
         hidden: list[np.ndarray] = []
         for start in range(0, len(blocks), ROWS_PER_BATCH):
             hidden += self.runner.continue_blocks(state, prefix, blocks[start : start + ROWS_PER_BATCH])
-        flat = iter(hidden)
-        return [[_split(next(flat)) for _ in rows] for rows in plan.layout.rows]
+        return _group(plan, hidden)
 
     @torch.inference_mode()
     def _plain(self, plan: OmniJevPlan, features: np.ndarray) -> list[list[RowReadout]]:
-        """One plain causal forward over prefix + row per row (TorchRunner.forward takes no image embeddings)."""
+        """One plain causal forward over prefix + row per row, on the torch reference runner's model."""
         lay, model = plan.layout, self.runner.model
         device = next(model.parameters()).device
-        readouts = []
-        for question, rows in zip(plan.questions, lay.rows, strict=True):
-            question_readouts = []
-            for row in rows:
-                ids = torch.as_tensor(np.concatenate([lay.prefix, row.tokens]), device=device)[None]
-                embeds = model.embed_tokens(ids)
-                embeds[0, torch.as_tensor(lay.image_index, device=device)] = torch.as_tensor(features, device=device)
-                positions = np.concatenate([lay.positions, text_positions(lay.next_position, len(row.tokens))], axis=1)
-                hidden = model(inputs_embeds=embeds, position_ids=torch.as_tensor(positions, device=device)[:, None, :])
-                at = torch.as_tensor(len(lay.prefix) + _readouts(row, question.kind), device=device)
-                question_readouts.append(_split(hidden.last_hidden_state[0, at].float().cpu().numpy()))
-            readouts.append(question_readouts)
-        return readouts
+        hidden = []
+        for block in plan.tree.blocks:
+            ids = torch.as_tensor(np.concatenate([lay.prefix, block.ids]), device=device)[None]
+            embeds = model.embed_tokens(ids)
+            embeds[0, torch.as_tensor(lay.image_index, device=device)] = torch.as_tensor(features, device=device)
+            positions = np.concatenate([lay.positions, text_positions(lay.next_position, len(block.ids))], axis=1)
+            out = model(inputs_embeds=embeds, position_ids=torch.as_tensor(positions, device=device)[:, None, :])
+            at = torch.as_tensor(len(lay.prefix) + block.readouts, device=device)
+            hidden.append(out.last_hidden_state[0, at].float().cpu().numpy())
+        return _group(plan, hidden)
 
     def _heads(self, plan: OmniJevPlan, readouts: list[list[RowReadout]]) -> tuple[np.ndarray, ...]:
         # Every option-text log-probability of the request in one pass over the vocabulary: the

@@ -4,6 +4,9 @@ It turns the processor's patches into one embedding per 2x2-merged patch group (
 output, ``out_hidden_size`` = the language hidden size), which replace the image placeholders'
 token embeddings. Weights come from ``vision.safetensors`` under ``model.visual.`` (the base
 checkpoint's names; the export copies the tower unchanged, omnijev.md §11.2).
+
+``grid_inputs`` computes what the tower derives from the image grid, with transformers' own
+helpers: engines take these as inputs, since a graph cannot derive them for any grid.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from .image import Pixels
 
 VISION_PREFIX = "model.visual."
 CONFIG_BOOKKEEPING = ("architectures", "model_type", "transformers_version")
+# How Qwen3_5VisionModel resamples its square learned position table to a grid (set in its __init__).
+INTERPOLATION = {"mode": "bilinear", "align_corners": True}
 
 
 def vision_config(config: dict[str, Any]):
@@ -26,6 +31,31 @@ def vision_config(config: dict[str, Any]):
     from transformers import Qwen3_5VisionConfig
 
     return Qwen3_5VisionConfig(**{k: v for k, v in config.items() if k not in CONFIG_BOOKKEEPING})
+
+
+def grid_inputs(grid: tuple[int, int, int], config: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The tower's grid-derived tensors for one image, as ``Qwen3_5VisionModel.forward`` computes them.
+
+    ``position_ids`` ``[N, 2]``: each patch's (row, column) for the rotary embedding;
+    ``interp_indices``/``interp_weights`` ``[N, 4]``: the bilinear taps into the learned position
+    table; ``cu_seqlens``: the attention segments (one per frame). All in the patches' merge order.
+    """
+    from transformers.vision_utils import (
+        get_vision_cu_seqlens,
+        get_vision_interpolation_indices_and_weights,
+        get_vision_position_ids,
+    )
+
+    thw = torch.tensor([grid], dtype=torch.long)
+    merge = int(config["spatial_merge_size"])
+    side = int(int(config["num_position_embeddings"]) ** 0.5)
+    indices, weights = get_vision_interpolation_indices_and_weights(thw, side, spatial_merge_size=merge, **INTERPOLATION)
+    return {
+        "position_ids": get_vision_position_ids(thw, merge).numpy(),
+        "interp_indices": indices.numpy(),
+        "interp_weights": weights.float().numpy(),
+        "cu_seqlens": get_vision_cu_seqlens(thw).long().numpy(),
+    }
 
 
 class VisionTower:

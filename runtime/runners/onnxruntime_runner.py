@@ -6,6 +6,11 @@ state stays in ONNX Runtime values between the two calls (on the GPU under CUDA,
 binding); a small Gather graph picks the owners' rows, so only token ids go in and only the
 hidden states at the readouts come out.
 
+Vision members' prefill graphs take ``inputs_embeds`` instead of token ids: the runner looks the
+prefix tokens up in the engine's embedding table (the tied embedding, float32) and puts each
+prefix's image features (``Prefix.embeds``) at its placeholders (``Prefix.embed_index``), as the
+reference runner does before its forward; the blocks still go in as token ids.
+
 Float32 throughout; on CUDA, TF32 is off so the engine can be held to the float32 reference.
 """
 
@@ -34,6 +39,25 @@ class PrefixState:
     starts: np.ndarray  # int64 [B]: the position each prefix's blocks start at
 
 
+def providers(device: str, device_id: int) -> list:
+    """The execution providers of an engine on ``device`` (cuda: TF32 off, so float32 parity holds)."""
+    if device == "cuda":
+        # The CUDA EP dlopens cuBLAS/cuDNN by name: load them from the nvidia-* wheels torch brought.
+        onnxruntime.preload_dlls()
+        return [("CUDAExecutionProvider", {"device_id": device_id, "use_tf32": 0}), "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def embed(table: np.ndarray, prefixes: Sequence[Prefix], ids: np.ndarray) -> np.ndarray:
+    """``[B, W, H]``: the left-padded prefix ids looked up in ``table``, image features at their placeholders."""
+    embeds = table[ids]
+    width = ids.shape[1]
+    for row, prefix in enumerate(prefixes):
+        if prefix.embeds is not None:
+            embeds[row, width - len(prefix.ids) + np.asarray(prefix.embed_index)] = prefix.embeds
+    return embeds
+
+
 def row_gather_graph(names: Sequence[str]) -> bytes:
     """``gathered.i = Gather(state.i, index)`` along the batch axis for every state tensor."""
     nodes, inputs, outputs = [], [helper.make_tensor_value_info("index", TensorProto.INT64, ["rows"])], []
@@ -50,27 +74,28 @@ class OnnxRuntimeRunner:
     name = "onnxruntime"
     precision = "fp32"
 
-    def __init__(self, engine_dir: str | Path, device: str = "cpu"):
+    def __init__(self, engine_dir: str | Path, device: str = "cpu", embedding: np.ndarray | None = None):
+        """``embedding`` ``[vocabulary, hidden]``: the table a prefill graph taking ``inputs_embeds`` needs."""
         engine_dir = Path(engine_dir)
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"
         self._device_id = int(str(device).partition(":")[2] or 0)
-        if self.device == "cuda":
-            # The CUDA EP dlopens cuBLAS/cuDNN by name: load them from the nvidia-* wheels torch brought.
-            onnxruntime.preload_dlls()
-            providers = [("CUDAExecutionProvider", {"device_id": self._device_id, "use_tf32": 0}), "CPUExecutionProvider"]
-        else:
-            providers = ["CPUExecutionProvider"]
-        self._prefill = onnxruntime.InferenceSession(str(engine_dir / "prefill.onnx"), providers=providers)
-        self._continue = onnxruntime.InferenceSession(str(engine_dir / "continue.onnx"), providers=providers)
+        chosen = providers(self.device, self._device_id)
+        self._prefill = onnxruntime.InferenceSession(str(engine_dir / "prefill.onnx"), providers=chosen)
+        self._continue = onnxruntime.InferenceSession(str(engine_dir / "continue.onnx"), providers=chosen)
         if self.device == "cuda" and "CUDAExecutionProvider" not in self._prefill.get_providers():
             raise RuntimeError("onnxruntime has no CUDA execution provider here (install onnxruntime-gpu)")
+        self._embedding = embedding
+        first = self._prefill.get_inputs()[0].name
+        if (first == "inputs_embeds") != (embedding is not None):
+            wanted = "an embedding table" if embedding is None else "no embedding table"
+            raise ValueError(f"{engine_dir}: prefill.onnx takes {first}, so its runner needs {wanted}")
         outputs = self._prefill.get_outputs()
         self.hidden_size = int(outputs[0].shape[-1])
         self._names = [output.name for output in outputs[1:]]
         expected = {f"past_{name}" for name in self._names}
         if expected - {value.name for value in self._continue.get_inputs()}:
             raise ValueError(f"{engine_dir}: continue.onnx does not take the state prefill.onnx returns")
-        self._rows = onnxruntime.InferenceSession(row_gather_graph(self._names), providers=providers)
+        self._rows = onnxruntime.InferenceSession(row_gather_graph(self._names), providers=chosen)
 
     def prefill(self, prefix: Prefix) -> PrefixState:
         return self._prefill_batch([prefix])
@@ -100,14 +125,15 @@ class OnnxRuntimeRunner:
         mask = np.zeros((len(prefixes), width), np.int64)
         positions = np.zeros((3, len(prefixes), width), np.int64)
         for row, prefix in enumerate(prefixes):
-            if prefix.embeds is not None:
-                raise NotImplementedError("prefill.onnx takes token ids; prefixes with image embeddings need the vision export")
+            if prefix.embeds is not None and self._embedding is None:
+                raise ValueError("this engine's prefill takes token ids: it has no place for image embeddings")
             length = len(prefix.ids)
             ids[row, width - length :] = prefix.ids
             mask[row, width - length :] = 1
             positions[:, row, width - length :] = prefix.positions if prefix.positions is not None else text_positions(0, length)
         binding = self._prefill.io_binding()
-        feeds = {"input_ids": ids, "position_ids": positions, "attention_mask": mask, "readout_index": np.full((len(prefixes), 1), width - 1, np.int64)}
+        first = {"input_ids": ids} if self._embedding is None else {"inputs_embeds": embed(self._embedding, prefixes, ids)}
+        feeds = {**first, "position_ids": positions, "attention_mask": mask, "readout_index": np.full((len(prefixes), 1), width - 1, np.int64)}
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         binding.bind_output("hidden", "cpu")  # one readout per row, unused: the blocks' readouts are what counts

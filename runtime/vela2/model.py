@@ -99,6 +99,15 @@ class Identity:
     synthetic: bool
 
 
+def head_tensors(package: VerifiedPackage) -> dict[str, np.ndarray]:
+    """Every head tensor of a verified package as float32: candidate head, set bias, both span heads."""
+    root = package.root
+    heads = read_tensors([root / name for name in package.details["shards"]], HEAD_PREFIXES)
+    if package.details["broad_head"]:
+        heads |= read_tensors([root / "broad_head.safetensors"], ("span_broad.",))
+    return heads
+
+
 def identity_of(package: VerifiedPackage) -> Identity:
     member = package.member
     return Identity(
@@ -156,13 +165,10 @@ class Vela2Model:
         from ..runners.torch_runner import TorchRunner
 
         details = package.details
-        root = package.root
-        shards = [root / name for name in details["shards"]]
-        heads = read_tensors(shards, HEAD_PREFIXES)
-        if details["broad_head"]:
-            heads |= read_tensors([root / "broad_head.safetensors"], ("span_broad.",))
+        shards = [package.root / name for name in details["shards"]]
         runner = TorchRunner.from_package(details["config"]["backbone_config"], shards, device, precision)
-        return cls(identity_of(package), details["config"], details["calibration"], root / "tokenizer.json", heads, runner)
+        config, calibration = details["config"], details["calibration"]
+        return cls(identity_of(package), config, calibration, package.root / "tokenizer.json", head_tensors(package), runner)
 
     # -- the card --------------------------------------------------------------------------------
 

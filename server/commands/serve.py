@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from runtime.api import load_model
+    from runtime.engine import read_manifest
     from runtime.package import detect_family
     from runtime.registry import Registry
 
@@ -80,8 +81,7 @@ def run(args: argparse.Namespace) -> int:
         source = ModelSource("demo", partial(demo.load, args.device), demo.NOTICE)
     else:
         # Known before the load, so that even a request refused while it loads gets the family's form.
-        # Engines are Vela 2.0 only (runtime/engine.py).
-        family = detect_family(Path(path)) if args.package else "vela2"
+        family = detect_family(Path(path)) if args.package else read_manifest(path)["family"]
         source = ModelSource(Path(path).name, lambda: load_model(path, Registry.load(args.registry), args.device), family=family)
     given = _given_vela_only(args)
     if source.family != "vela2" and given:

@@ -1,0 +1,68 @@
+"""OmniJev from an engine directory: the vision graph in ONNX Runtime, the backbone runner, the model.
+
+An OmniJev engine holds what ``s1omni export`` wrote for it (``export.omnijev_export``): the
+backbone graphs, ``vision.onnx``, the tied embedding, heads, tokenizer, config, processor config,
+calibration and the release fields. ``load_engine`` builds the same ``OmniJevModel`` a package
+gives, with the engine's vision session and runner in place of the torch reference's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer
+
+from ..engine import engine_runner
+from ..runners.onnxruntime_runner import providers
+from ..vela2.model import Identity
+from .heads import Heads
+from .image import Pixels, Processor
+from .model import PROCESSOR_CONFIG, OmniJevModel, Release
+from .vision import grid_inputs
+
+VISION_GRAPH = "vision.onnx"
+EMBEDDING = "embedding.safetensors"  # the tied embedding [vocabulary, hidden], float32
+EMBEDDING_TENSOR = "embedding"
+RELEASE = "release.json"  # the release manifest's fields the model reads (model_id, option_tokens, max_pixels)
+
+
+class VisionSession:
+    """``vision.onnx`` as a vision tower: the grid-derived inputs computed here, the tower in the graph."""
+
+    def __init__(self, path: Path, config: dict[str, Any], device: str = "cpu"):
+        device_id = int(str(device).partition(":")[2] or 0)
+        kind = "cuda" if str(device).startswith("cuda") else "cpu"
+        self.session = onnxruntime.InferenceSession(str(path), providers=providers(kind, device_id))
+        self.config = config
+
+    def __call__(self, pixels: Pixels) -> np.ndarray:
+        feeds = {"pixel_values": pixels.values, **grid_inputs(pixels.grid, self.config)}
+        return self.session.run(None, feeds)[0]
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def load_engine(path: Path, manifest: dict[str, Any], device: str = "cpu") -> OmniJevModel:
+    """The model of an engine whose manifest (``manifest``) has been read and its files checked."""
+    device = manifest.get("device", device)
+    embedding = load_file(str(path / EMBEDDING))[EMBEDDING_TENSOR]
+    config = _json(path / "config.json")
+    release = _json(path / RELEASE)
+    processor_config = _json(path / PROCESSOR_CONFIG) if (path / PROCESSOR_CONFIG).is_file() else None
+    return OmniJevModel(
+        Identity(**manifest["member"]),
+        Release.read({**release, "calibration": _json(path / "calibration.json")}, config),
+        Tokenizer.from_file(str(path / "tokenizer.json")),
+        Processor.from_config(processor_config, release["max_pixels"]),
+        VisionSession(path / VISION_GRAPH, config["vision_config"], device),
+        engine_runner(path, manifest, device, embedding),
+        Heads.load(path / "heads.safetensors"),
+        embedding,
+    )

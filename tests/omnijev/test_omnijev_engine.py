@@ -1,0 +1,154 @@
+"""The OmniJev engine pipeline on the tiny member, through the CLI a user runs.
+
+export (language graphs with an ``inputs_embeds`` prefill, the vision tower, the tied embedding)
+-> build (ONNX Runtime CPU) -> validate (Polygraphy from pixels, the cpu-fp32 gate over the
+calibration cases) -> load and serve: the engine's answers equal the torch reference runner's,
+in process and over HTTP from ``s1omni serve --engine``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import onnx
+import pytest
+
+from runtime.errors import PackageError
+from runtime.omnijev.model import OmniJevModel
+from runtime.registry import user_registry
+from tests.server.serving import Server
+
+CALIB = Path(__file__).resolve().parents[2] / "calib" / "omnijev"
+CASES = {case["name"]: case["request"] for case in json.loads((CALIB / "cases.json").read_text(encoding="utf-8"))["cases"]}
+ANSWERED = ("golden", "choice-options-jpeg", "mixed-twelve-wide", "cjk-emoji")
+# Rounded answers: one unit of the 4th decimal where the float32 values straddle a rounding boundary.
+ROUNDED = 1e-4 + 1e-12
+GATE = 1e-5  # the cpu-fp32 gate, on unrounded values
+
+
+def s1omni(*args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True, env=os.environ)
+    assert result.returncode == 0, f"s1omni {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def assert_same_answers(expected: dict[str, Any], got: dict[str, Any], tolerance: float) -> None:
+    """Same model, usage, questions in order, fields, decisions and flags; probabilities within ``tolerance``."""
+    assert (got["model"], got["usage"], list(got["answers"])) == (expected["model"], expected["usage"], list(expected["answers"]))
+    for key, answer in expected["answers"].items():
+        other = got["answers"][key]
+        assert list(other) == list(answer), key
+        for field, value in answer.items():
+            if field.startswith("latency"):
+                continue
+            if field == "probabilities":
+                assert list(other[field]) == list(value), key
+                assert all(abs(other[field][k] - p) <= tolerance for k, p in value.items()), (key, other[field], value)
+            elif isinstance(value, float):
+                assert abs(other[field] - value) <= tolerance, (key, field, other[field], value)
+            else:
+                assert other[field] == value, (key, field)
+
+
+@pytest.fixture(scope="session")
+def exported(omnijev_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("omnijev-export") / "tiny"
+    s1omni("export", str(omnijev_package), "--out", str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def engine(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("omnijev-engine") / "ort-cpu"
+    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--out", str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def report(engine: Path, omnijev_package: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``s1omni validate`` over calib/omnijev (exit 0 asserted), its reference record kept out of the repository."""
+    where = tmp_path_factory.mktemp("omnijev-validate")
+    result = s1omni("validate", str(engine), "--package", str(omnijev_package), "--reference", str(where / "reference"),
+                    "--report", str(where / "report.json"))  # fmt: skip
+    assert "golden" in result.stdout and "MISS" not in result.stdout
+    return json.loads((where / "report.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def engine_model(engine: Path, report: dict[str, Any]) -> OmniJevModel:
+    from runtime.api import load_model
+
+    return load_model(engine)
+
+
+def test_export_holds_both_graphs_vision_and_embedding(exported: Path) -> None:
+    manifest = json.loads((exported / "manifest.json").read_text())
+    assert (manifest["stage"], manifest["family"], manifest["member"]["name"]) == ("export", "omnijev", "omnijev-synth-tiny-s0")
+    assert {"prefill.onnx", "continue.onnx", "vision.onnx", "embedding.safetensors", "heads.safetensors", "tokenizer.json",
+            "config.json", "preprocessor_config.json", "calibration.json", "release.json"} <= set(manifest["files"])  # fmt: skip
+    assert max(manifest["vision_check"]["max_relative"].values()) <= 1e-4
+    inputs = {name: [i.name for i in onnx.load(str(exported / f"{name}.onnx"), load_external_data=False).graph.input]
+              for name in ("prefill", "continue", "vision")}  # fmt: skip
+    assert inputs["prefill"] == ["inputs_embeds", "position_ids", "attention_mask", "readout_index"]
+    assert inputs["continue"][:4] == ["input_ids", "position_ids", "past_mask", "readout_index"]
+    assert inputs["vision"] == ["pixel_values", "position_ids", "interp_indices", "interp_weights", "cu_seqlens"]
+    assert json.loads((exported / "release.json").read_text())["max_pixels"] == 602112
+
+
+def test_build_carries_every_export_file(exported: Path, engine: Path) -> None:
+    built = json.loads((engine / "manifest.json").read_text())
+    source = json.loads((exported / "manifest.json").read_text())
+    assert (built["stage"], built["family"], built["backend"], built["target"]) == ("engine", "omnijev", "onnxruntime", "cpu")
+    assert built["files"] == source["files"] and built["source"]["export_files"] == source["files"]
+
+
+def test_an_unvalidated_engine_is_refused(exported: Path, tmp_path: Path) -> None:
+    from export.build import build
+    from runtime.api import load_model
+
+    with pytest.raises(PackageError, match="has not passed validation"):
+        load_model(build(exported, "onnxruntime", "cpu", tmp_path / "unvalidated"))
+
+
+def test_validation_meets_the_cpu_gate(report: dict[str, Any], engine: Path) -> None:
+    summary = report["summary"]
+    assert report["passed"] and report["gate"]["name"] == "cpu-fp32" and report["cases"] == len(CASES) >= 12
+    assert summary["layouts_identical"] and summary["usage_identical"]
+    assert summary["max_probability"] <= GATE and summary["decisions"] == summary["margin_decisions"]
+    decided, total = summary["decisions"].split("/")
+    assert decided == total and int(total) >= len(CASES)
+    assert summary["image_max_abs"] <= 1e-4 and summary["hidden_max_abs"] <= 1e-4
+    assert json.loads((engine / "manifest.json").read_text())["validation"]["passed"]
+
+
+@pytest.mark.parametrize("name", ANSWERED)
+def test_engine_answers_equal_the_reference(name: str, engine_model: OmniJevModel, omnijev_model: OmniJevModel) -> None:
+    assert (engine_model.engine, engine_model.card()["engine"]) == ("onnxruntime", "onnxruntime")
+    results = {}
+    for model in (omnijev_model, engine_model):
+        plan = model.plan(copy.deepcopy(CASES[name]))
+        result = model.execute([plan])[0]
+        results[model.engine] = (model.finish(plan, result), model.finish(plan, result, digits=None))
+    (expected, exact), (got, unrounded) = results["torch"], results["onnxruntime"]
+    assert_same_answers(expected, got, ROUNDED)
+    assert_same_answers(exact, unrounded, GATE)
+
+
+def test_served_engine_answers_as_the_reference(engine: Path, report: dict[str, Any], omnijev_model: OmniJevModel,
+                                                s1omni_home: Path) -> None:  # fmt: skip
+    server = Server(s1omni_home, "--engine", str(engine), "--registry", str(user_registry()))
+    try:
+        server.wait_status("ready")
+        card = server.client.get("/v1/models").json()["data"][0]
+        assert (card["family"], card["engine"], card["id"]) == ("omnijev", "onnxruntime", omnijev_model.id)
+        response = server.post(CASES["golden"])
+        assert response.status_code == 200, response.text
+        assert_same_answers(omnijev_model.answer(copy.deepcopy(CASES["golden"])), response.json(), ROUNDED)
+    finally:
+        server.stop()
