@@ -136,3 +136,16 @@ def test_prefill_then_continue_equals_run(runner: OnnxRuntimeRunner, reference: 
     assert _max_abs([step], [batched[0]]) <= GATE
     assert _max_abs([step], reference.run([tree])) <= GATE
     assert runner.hidden_size == reference.hidden_size and runner.name == "onnxruntime"
+
+
+def test_blocks_are_grouped_by_length_so_padding_stays_bounded() -> None:
+    from runtime.runners.onnxruntime_runner import length_groups
+
+    lengths = [400, 30, 35, 1500, 60, 420]
+    groups = length_groups(lengths, 1.25)
+    assert sorted(i for group in groups for i in group) == list(range(len(lengths)))
+    for group in groups:
+        widest = max(lengths[i] for i in group)
+        assert len(group) == 1 or widest * len(group) <= 1.25 * sum(lengths[i] for i in group)
+    assert groups == [[1, 2], [4], [0, 5], [3]]
+    assert length_groups([10, 10, 10], 1.25) == [[0, 1, 2]] and length_groups([], 1.25) == []

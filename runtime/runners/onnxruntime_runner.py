@@ -27,6 +27,8 @@ from onnx import TensorProto, helper
 from .base import Block, Prefix, Tree, pad_blocks, text_positions
 
 GATHER_OPSET = 18
+# A continue call may pad its blocks to at most this many times their tokens; wider spreads split.
+PADDING_SLACK = 1.25
 GATHER_IR_VERSION = 8  # onnx writes its newest IR version by default; ONNX Runtime reads up to its own
 
 
@@ -56,6 +58,23 @@ def embed(table: np.ndarray, prefixes: Sequence[Prefix], ids: np.ndarray) -> np.
         if prefix.embeds is not None:
             embeds[row, width - len(prefix.ids) + np.asarray(prefix.embed_index)] = prefix.embeds
     return embeds
+
+
+def length_groups(lengths: Sequence[int], slack: float) -> list[list[int]]:
+    """Indices of ``lengths`` in groups whose padded size (widest x count) stays within ``slack`` x
+    their tokens: one continue call per group, so a short block is not padded to the longest."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):  # ascending: the newest is the widest
+        if current and lengths[index] * (len(current) + 1) > slack * (total + lengths[index]):
+            groups.append(current)
+            current, total = [], 0
+        current.append(index)
+        total += lengths[index]
+    if current:
+        groups.append(current)
+    return groups
 
 
 def row_gather_graph(names: Sequence[str]) -> bytes:
@@ -104,17 +123,17 @@ class OnnxRuntimeRunner:
         """Hidden states at each block's readouts, every block continuing from ``state`` (one prefix)."""
         if not blocks:
             return []
-        return self._continue_batch(state, np.zeros(len(blocks), np.int64), blocks)
+        return self._continue_grouped(state, np.zeros(len(blocks), np.int64), blocks)
 
     def run(self, trees: Sequence[Tree]) -> list[list[np.ndarray]]:
-        """All trees in one prefill and one continue call (trees without blocks are skipped)."""
+        """All trees in one prefill call, their blocks in continue calls grouped by length (trees without blocks are skipped)."""
         busy = [index for index, tree in enumerate(trees) if tree.blocks]
         out: list[list[np.ndarray]] = [[] for _ in trees]
         if not busy:
             return out
         state = self._prefill_batch([trees[index].prefix for index in busy])
         owners = np.array([row for row, index in enumerate(busy) for _ in trees[index].blocks], np.int64)
-        hidden = iter(self._continue_batch(state, owners, [block for index in busy for block in trees[index].blocks]))
+        hidden = iter(self._continue_grouped(state, owners, [block for index in busy for block in trees[index].blocks]))
         for index in busy:
             out[index] = [next(hidden) for _ in trees[index].blocks]
         return out
@@ -143,6 +162,14 @@ class OnnxRuntimeRunner:
         values = binding.get_outputs()[1:]
         starts = np.array([prefix.start for prefix in prefixes], np.int64)
         return PrefixState(values=values, mask=mask, starts=starts)
+
+    def _continue_grouped(self, state: PrefixState, owners: np.ndarray, blocks: Sequence[Block]) -> list[np.ndarray]:
+        """``_continue_batch`` over length groups (see ``length_groups``), results in block order."""
+        out: list[np.ndarray] = [np.empty(0)] * len(blocks)
+        for group in length_groups([len(block.ids) for block in blocks], PADDING_SLACK):
+            for index, hidden in zip(group, self._continue_batch(state, owners[group], [blocks[i] for i in group]), strict=True):
+                out[index] = hidden
+        return out
 
     def _continue_batch(self, state: PrefixState, owners: np.ndarray, blocks: Sequence[Block]) -> list[np.ndarray]:
         ids, readouts = pad_blocks(blocks)
