@@ -14,7 +14,6 @@ same order at the same offsets. The same size and seed give byte-identical files
 from __future__ import annotations
 
 import json
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from ..omnijev.package import INDEX, LANGUAGE_PREFIX, MANIFEST, REQUIRED_OUTPUTS
 from ..omnijev.vision import VISION_PREFIX
 from ..registry import Member
 from ..staging import staged_directory
-from .qwen35 import text_config
+from .qwen35 import Backbone, gated_delta_parameter, generator, shard_plan, text_config
 from .tokenizer import train_tokenizer
 
 MAX_PIXELS = 768 * 28 * 28
@@ -55,16 +54,7 @@ PINNED_FIELDS = (
 
 @dataclass(frozen=True)
 class Size:
-    hidden: int
-    layers: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    linear_k_heads: int
-    linear_v_heads: int
-    linear_head_dim: int
-    mrope_section: tuple[int, int, int]
+    backbone: Backbone
     vision_depth: int
     vision_hidden: int
     vision_intermediate: int
@@ -80,8 +70,8 @@ class Size:
 
 
 SIZES = {
-    "tiny": Size(64, 4, 128, 4, 2, 32, 2, 4, 16, (2, 1, 1), 2, 32, 64, 2, 32, 16, TOKENIZER_VOCAB, 1),
-    "4B": Size(2560, 32, 9216, 16, 4, 256, 16, 32, 128, (11, 11, 10), 24, 1024, 4096, 16, 1024, 512, 248044, 2),
+    "tiny": Size(Backbone(64, 4, 128, 4, 2, 32, 2, 4, 16, (2, 1, 1)), 2, 32, 64, 2, 32, 16, TOKENIZER_VOCAB, 1),
+    "4B": Size(Backbone(2560, 32, 9216, 16, 4, 256, 16, 32, 128, (11, 11, 10)), 24, 1024, 4096, 16, 1024, 512, 248044, 2),
 }
 
 
@@ -96,12 +86,7 @@ def token_id(size: Size, token: str) -> int:
 
 def config(size: Size) -> dict[str, Any]:
     text = {
-        **text_config(
-            vocab=size.vocabulary, hidden=size.hidden, intermediate=size.intermediate, layers=size.layers,
-            heads=size.heads, kv_heads=size.kv_heads, head_dim=size.head_dim, linear_k_heads=size.linear_k_heads,
-            linear_v_heads=size.linear_v_heads, linear_head_dim=size.linear_head_dim, mrope_section=size.mrope_section,
-            tie_embeddings=True,
-        ),  # fmt: skip
+        **text_config(size.backbone, size.vocabulary, tie_embeddings=True),
         "eos_token_id": token_id(size, "<|im_end|>"),
         "pad_token_id": token_id(size, "<|endoftext|>"),
     }
@@ -116,7 +101,7 @@ def config(size: Size) -> dict[str, Any]:
         "patch_size": 16,
         "spatial_merge_size": 2,
         "temporal_patch_size": 2,
-        "out_hidden_size": size.hidden,
+        "out_hidden_size": size.backbone.hidden,
         "num_position_embeddings": 2304,
     }
     return {
@@ -198,7 +183,7 @@ def tensor_shapes(size_name: str) -> dict[str, list[tuple[str, tuple[int, ...]]]
         vision = Qwen3_5VisionModel(
             Qwen3_5VisionConfig(**{k: v for k, v in full["vision_config"].items() if k not in drop})
         )
-    h, d, o = size.hidden, size.option_hidden, size.ordinal_hidden
+    h, d, o = size.backbone.hidden, size.option_hidden, size.ordinal_hidden
     heads = [
         *[(f"head.{mlp}.0.{p}", (d, h) if p == "weight" else (d,)) for mlp in ("opt", "que") for p in ("weight", "bias")],
         *[(f"head.{mlp}.2.{p}", (d, d) if p == "weight" else (d,)) for mlp in ("opt", "que") for p in ("weight", "bias")],
@@ -215,13 +200,10 @@ def tensor_shapes(size_name: str) -> dict[str, list[tuple[str, tuple[int, ...]]]
 
 def _tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     """A deterministic random value for one tensor, scaled so activations stay O(1)."""
-    g = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-    if name.endswith("A_log"):
-        return torch.log(torch.empty(shape).uniform_(1.0, 16.0, generator=g))
-    if name.endswith("dt_bias"):
-        # Mamba-style: softplus(dt_bias) log-uniform in [1e-3, 1e-1], so per-token decays stay realistic.
-        dt = torch.exp(torch.empty(shape).uniform_(-6.9, -2.3, generator=g))
-        return dt + torch.log(-torch.expm1(-dt))
+    g = generator(seed, name)
+    gated_delta = gated_delta_parameter(name, shape, g)
+    if gated_delta is not None:
+        return gated_delta
     if len(shape) == 1:
         # Qwen3.5's RMSNorms scale by (1 + w); its gated RMSNorm and the vision LayerNorms by w.
         centred_at_one = name.endswith("weight") and (name.startswith(VISION_PREFIX) or "linear_attn.norm" in name)
@@ -230,19 +212,6 @@ def _tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     # The LM features span tens of nats; small weights keep the heads' probabilities off 0 and 1.
     scale = 0.02 if name.startswith("head.feat") else 1.0
     return scale * torch.randn(shape, generator=g) / fan_in**0.5
-
-
-def _shard_plan(shapes: list[tuple[str, tuple[int, ...]]], shards: int) -> list[list[tuple[str, tuple[int, ...]]]]:
-    """Consecutive tensors in ``shards`` groups of about equal element counts."""
-    target = sum(torch.Size(s).numel() for _, s in shapes) / shards
-    groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
-    filled = 0
-    for entry in shapes:
-        if groups[-1] and filled >= target * len(groups) and len(groups) < shards:
-            groups.append([])
-        groups[-1].append(entry)
-        filled += torch.Size(entry[1]).numel()
-    return groups
 
 
 def _save(path: Path, entries: list[tuple[str, tuple[int, ...]]], seed: int, dtype: torch.dtype) -> int:
@@ -265,7 +234,7 @@ def write(out: str | Path, size_name: str = "tiny", seed: int = 0) -> Member:
     name = member_name(size_name, seed)
     full_config = config(size)
     with staged_directory(out) as stage:
-        groups = _shard_plan(shapes["language"], size.shards)
+        groups = shard_plan(shapes["language"], size.shards)
         weight_map, total = {}, 0
         for index, group in enumerate(groups, start=1):
             shard = f"model-{index:05d}-of-{len(groups):05d}.safetensors"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from safetensors.torch import save_file
 from ..digest import sha256_file, sha256_json
 from ..registry import Member
 from ..staging import staged_directory
-from .qwen35 import text_config
+from .qwen35 import Backbone, gated_delta_parameter, generator, shard_plan, text_config
 from .tokenizer import train_tokenizer
 
 PII_TYPES = [
@@ -32,18 +31,9 @@ PII_TYPES = [
 
 @dataclass(frozen=True)
 class Size:
-    hidden: int
-    layers: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    attention_head_dim: int
-    linear_k_heads: int
-    linear_v_heads: int
-    linear_head_dim: int
+    backbone: Backbone
     vocab: int
-    mrope_section: tuple[int, int, int]
-    head_dim: int
+    head_dim: int  # the candidate head's width d
     span_d: int
     slots: int
     shards: int
@@ -53,10 +43,10 @@ class Size:
 # The released Qwen3.5 text configs (engines.md §2); ``tiny`` keeps every path (GQA, K != V heads,
 # partial rotary) at a size a CPU runs in seconds.
 SIZES = {
-    "tiny": Size(64, 4, 128, 4, 2, 32, 2, 4, 16, 2048, (2, 1, 1), 32, 32, 16, 1, torch.float32),
-    "0.8B": Size(1024, 24, 3584, 8, 2, 256, 16, 16, 128, 248320, (11, 11, 10), 256, 256, 64, 1, torch.bfloat16),
-    "4B": Size(2560, 32, 9216, 16, 4, 256, 16, 32, 128, 248320, (11, 11, 10), 256, 256, 64, 3, torch.bfloat16),
-    "9B": Size(4096, 32, 12288, 16, 4, 256, 16, 32, 128, 248320, (11, 11, 10), 256, 256, 64, 5, torch.bfloat16),
+    "tiny": Size(Backbone(64, 4, 128, 4, 2, 32, 2, 4, 16, (2, 1, 1)), 2048, 32, 32, 16, 1, torch.float32),
+    "0.8B": Size(Backbone(1024, 24, 3584, 8, 2, 256, 16, 16, 128, (11, 11, 10)), 248320, 256, 256, 64, 1, torch.bfloat16),
+    "4B": Size(Backbone(2560, 32, 9216, 16, 4, 256, 16, 32, 128, (11, 11, 10)), 248320, 256, 256, 64, 3, torch.bfloat16),
+    "9B": Size(Backbone(4096, 32, 12288, 16, 4, 256, 16, 32, 128, (11, 11, 10)), 248320, 256, 256, 64, 5, torch.bfloat16),
 }
 TOKENIZER_VOCAB = 2048
 MAX_LENGTH = 16384
@@ -68,15 +58,7 @@ def member_name(size: str, seed: int, max_length: int = MAX_LENGTH) -> str:
 
 
 def backbone_config(size: Size) -> dict[str, Any]:
-    return {
-        **text_config(
-            vocab=size.vocab, hidden=size.hidden, intermediate=size.intermediate, layers=size.layers, heads=size.heads,
-            kv_heads=size.kv_heads, head_dim=size.attention_head_dim, linear_k_heads=size.linear_k_heads,
-            linear_v_heads=size.linear_v_heads, linear_head_dim=size.linear_head_dim, mrope_section=size.mrope_section,
-            tie_embeddings=size.hidden < 4096,
-        ),
-        "pad_token_id": 0,
-    }  # fmt: skip
+    return {**text_config(size.backbone, size.vocab, tie_embeddings=size.backbone.hidden < 4096), "pad_token_id": 0}
 
 
 def config(size_name: str, seed: int, max_length: int = MAX_LENGTH) -> dict[str, Any]:
@@ -158,7 +140,7 @@ def _span_shapes(prefix: str, hidden: int, d: int, slots: int) -> list[tuple[str
 def tensor_shapes(size_name: str) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
     """Names and shapes per file group: ``model`` (the shards) and ``broad`` (broad_head.safetensors)."""
     size = SIZES[size_name]
-    h, d = size.hidden, size.head_dim
+    h, d = size.backbone.hidden, size.head_dim
     head = [
         ("head.candidate_norm.weight", (h,)), ("head.candidate_norm.bias", (h,)),
         ("head.query_norm.weight", (h,)), ("head.query_norm.bias", (h,)),
@@ -170,22 +152,15 @@ def tensor_shapes(size_name: str) -> dict[str, list[tuple[str, tuple[int, ...]]]
     return {"model": model, "broad": _span_shapes("span_broad", h, size.span_d, size.slots)}
 
 
-def _generator(seed: int, name: str) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
-
-
 def _tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     """A deterministic random value for one tensor, scaled so activations stay O(1)."""
-    g = _generator(seed, name)
+    g = generator(seed, name)
     leaf = name.rsplit(".", 2)[-2] if "." in name else name
     if name == "set_bias":
         return torch.tensor(-0.5)
-    if name.endswith("A_log"):
-        return torch.log(torch.empty(shape).uniform_(1.0, 16.0, generator=g))
-    if name.endswith("dt_bias"):
-        # Mamba-style: softplus(dt_bias) log-uniform in [1e-3, 1e-1], so per-token decays stay realistic.
-        dt = torch.exp(torch.empty(shape).uniform_(-6.9, -2.3, generator=g))
-        return dt + torch.log(-torch.expm1(-dt))
+    gated_delta = gated_delta_parameter(name, shape, g)
+    if gated_delta is not None:
+        return gated_delta
     if name.endswith("bias") and len(shape) == 1:
         return 0.1 * torch.randn(shape, generator=g)
     if len(shape) == 1:
@@ -197,20 +172,6 @@ def _tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     fan_in = shape[-1] if len(shape) == 2 else shape[-1] * shape[1]
     scale = 2.0 if leaf == "scalar" else 1.0
     return scale * torch.randn(shape, generator=g) / fan_in**0.5
-
-
-def _shard_plan(shapes: list[tuple[str, tuple[int, ...]]], shards: int) -> list[list[tuple[str, tuple[int, ...]]]]:
-    """Consecutive tensors split into ``shards`` groups of about equal element counts."""
-    sizes = [max(1, int(torch.Size(shape).numel())) for _, shape in shapes]
-    target, groups, current, filled = sum(sizes) / shards, [], [], 0
-    for entry, count in zip(shapes, sizes, strict=True):
-        if current and filled + count > target * (len(groups) + 1) and len(groups) < shards - 1:
-            groups.append(current)
-            current = []
-        current.append(entry)
-        filled += count
-    groups.append(current)
-    return groups
 
 
 def _save(path: Path, entries: list[tuple[str, tuple[int, ...]]], seed: int, dtype: torch.dtype) -> None:
@@ -232,7 +193,7 @@ def write(out: str | Path, size_name: str = "tiny", seed: int = 0, max_length: i
     size = SIZES[size_name]
     shapes = tensor_shapes(size_name)
     with staged_directory(out) as stage:
-        groups = _shard_plan(shapes["model"], size.shards)
+        groups = shard_plan(shapes["model"], size.shards)
         weight_map = {}
         for index, group in enumerate(groups, start=1):
             shard = f"model-{index:05d}-of-{len(groups):05d}.safetensors"
