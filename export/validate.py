@@ -21,7 +21,7 @@ from typing import Any
 
 from polygraphy.comparator import Comparator, CompareFunc, RunResults
 
-from runtime.engine import load_engine_model, read_stage, write_manifest
+from runtime.engine import load_engine_model, read_manifest, record_validation
 
 from .case_io import case_io
 from .compare_answers import CaseStats
@@ -72,14 +72,14 @@ def validate(
     reference_device: str = "cpu",
 ) -> bool:
     engine_dir = Path(engine_dir)
-    manifest = read_stage(engine_dir, "engine")
+    engine = load_engine_model(engine_dir, allow_unvalidated=True)  # checks every pinned file once
+    manifest = read_manifest(engine_dir)
     family, member = manifest["family"], manifest["member"]["name"]
     cases = load_cases(cases_path or CALIB / family)
     record, reference_results = _reference(
         engine_dir, manifest, cases, package, Path(reference) if reference else reference_dir(family, member), reference_device
     )
     gate_name, gate = _gate(manifest, family)
-    engine = load_engine_model(engine_dir, allow_unvalidated=True)
     print(f"validate {member}: {manifest['backend']}/{manifest['target']} ({manifest['precision']}) against "
           f"{record['runner']['name']}/{record['runner']['device']}, gate {gate_name}, {len(cases)} cases", file=sys.stderr, flush=True)  # fmt: skip
     io = case_io(family)
@@ -137,7 +137,7 @@ def validate(
     print(f"{'PASSED' if passed else 'FAILED'}: {json.dumps(report['summary'])}", file=sys.stderr)
     if report_path:
         Path(report_path).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    write_manifest(engine_dir, {**manifest, "validation": {k: v for k, v in report.items() if k != "table"}})
+    record_validation(engine_dir, {k: v for k, v in report.items() if k != "table"})
     return passed
 
 

@@ -52,8 +52,17 @@ def read_stage(path: str | os.PathLike[str], stage: str) -> dict[str, Any]:
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     """Write ``manifest.json`` with every other file of ``path`` pinned (atomically replaced)."""
+    pins = {name: sha256_file(path / name) for name in present_files(path) if name != MANIFEST}
+    _replace_manifest(path, {**manifest, "files": pins})
+
+
+def record_validation(path: Path, validation: dict[str, Any]) -> None:
+    """Store a validation report in a manifest whose files were just verified (their pins stand)."""
+    _replace_manifest(path, {**read_manifest(path), "validation": validation})
+
+
+def _replace_manifest(path: Path, manifest: dict[str, Any]) -> None:
     manifest = {**manifest, "format": FORMAT}
-    manifest["files"] = {name: sha256_file(path / name) for name in present_files(path) if name != MANIFEST}
     temporary = path / f".{MANIFEST}.tmp"
     temporary.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(temporary, path / MANIFEST)

@@ -212,7 +212,6 @@ def write(out: str | Path, size_name: str = "tiny", seed: int = 0, max_length: i
         loaded = sorted(p.name for p in stage.iterdir())
         files = {name: digests.get(name) or sha256_file(stage / name) for name in loaded}
         (stage / "SHA256SUMS").write_text("".join(f"{files[n]}  {n}\n" for n in loaded), encoding="utf-8")
-    parameters = sum(int(torch.Size(s).numel()) for group in shapes.values() for _, s in group)
     name = member_name(size_name, seed, max_length)
     identity = sha256_json(digests)
     return Member(
@@ -223,7 +222,7 @@ def write(out: str | Path, size_name: str = "tiny", seed: int = 0, max_length: i
         files=files,
         model_sha256=identity,
         manifest_sha256=files["MODEL_MANIFEST.json"],
-        loaded_parameters=parameters,
+        loaded_parameters=parameter_count(size_name),
         max_input_tokens=max_length,
         licence="apache-2.0",
         synthetic=True,
