@@ -28,7 +28,9 @@ from .bench_workloads import REFERENCE, Workload
 
 PROFILE_ITERATIONS = 5
 MEMBER_KEYS = ("id", "family", "repo", "revision", "model_sha256", "manifest_sha256", "parameters", "weights")
-ENGINE_KEYS = ("backend", "target", "device", "precision", "library", "library_version", "provider_options")
+ENGINE_KEYS = (
+    "backend", "target", "device", "precision", "recurrence", "gated_delta_kernel", "library", "library_version", "provider_options",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,10 @@ def check(settings: Settings, manifests: Sequence[dict[str, Any]]) -> None:
 
 
 def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
-    """``reference``, then ``backend/target`` per engine (numbered where two engines share one)."""
+    """``reference``, then ``backend/target[/kernel]`` per engine (numbered where two engines share one)."""
     names = [REFERENCE]
     for manifest in manifests:
-        name = f"{manifest['backend']}/{manifest['target']}"
+        name = "/".join(part for part in (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel")) if part)
         names.append(name if name not in names else f"{name}#{len(names)}")
     return names
 

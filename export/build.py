@@ -1,9 +1,16 @@
 """``s1omni build DIR --backend onnxruntime|tensorrt --target ... --out ENG``: an engine from an export.
 
 A build reads only the export directory. ONNX Runtime engines carry the graphs themselves and the
-execution provider to run them with (``cpu``, or ``cuda`` with TF32 off, since float32 parity is
-measured on them); TensorRT engines carry one plan per graph for one compute capability and library
-version. Every engine gets the heads, tokenizer, config, calibration and a manifest that pins them.
+execution provider to run them with: ``cpu`` (float32; the portable ``Scan`` graphs where exported,
+whose chunked rule rounds as the reference's does: the fused rule's token-by-token rounding, though
+nearer float64, drifts 1.09e-5 from the reference on one calibration case, past the 1e-5 CPU gate),
+or ``cuda`` (the ``fused`` graphs where exported, one contrib node per layer) at ``--precision tf32``
+(the default: float32 weights and state, TF32 tensor-core matmuls, held to the GPU gate) or ``fp32``
+(TF32 off, for float32 parity); on CUDA the fused rule runs as ``--gated-delta-kernel`` says
+(``export.cuda_kernels``). TensorRT engines carry one plan per portable (``Scan``) graph for one
+compute capability and library version. Every engine gets the heads, tokenizer, config,
+calibration and a manifest that pins them. Files are hard-linked from the export where the file
+system allows (both directories are immutable once written), so a 9B build costs no copy.
 """
 
 from __future__ import annotations
@@ -19,8 +26,16 @@ import onnx
 from runtime.engine import read_stage, write_manifest
 from runtime.staging import staged_directory
 
+from .cuda_kernels import KERNELS, use_gated_delta_net
+from .onnx_export import graph_file
+from .patches import RECURRENCES
+
 SHARED_FILES = ("heads.safetensors", "tokenizer.json", "config.json", "calibration.json")
 ORT_TARGETS = ("cpu", "cuda")
+# Precisions per ONNX Runtime target, the default first, with the CUDA EP options that give them.
+ORT_PRECISIONS = {"cpu": {"fp32": {}}, "cuda": {"tf32": {"use_tf32": 1}, "fp32": {"use_tf32": 0}}}
+# The Gated DeltaNet form each ONNX Runtime target runs when the export has both (see above).
+PREFERRED = {"cpu": "scan", "cuda": "fused"}
 # Served ranges of the dynamic dimensions: rows of a batch, and token lengths (the member's input limit).
 BATCH_RANGE = (1, 8, 64)
 
@@ -29,9 +44,37 @@ def default_engine_dir(manifest: dict[str, Any], backend: str, target: str) -> P
     return Path("engines") / manifest["member"]["name"] / backend / target
 
 
+def link_or_copy(source: Path, target: Path) -> None:
+    """A hard link where source and target share a file system, else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
 def _graph_files(export_dir: Path) -> list[str]:
     """The graphs and everything they reference (external weights), i.e. all but the shared files."""
     return sorted(p.name for p in export_dir.iterdir() if p.name not in ("manifest.json", *SHARED_FILES))
+
+
+def backbone_variants(export_dir: Path) -> dict[str, dict[str, str]]:
+    """The backbone graph files of each recurrence the export holds (``{"fused": {"prefill": ...}}``)."""
+    present = set(_graph_files(export_dir))
+    variants = {recurrence: {graph: graph_file(graph, recurrence) for graph in ("prefill", "continue")} for recurrence in RECURRENCES}
+    return {recurrence: files for recurrence, files in variants.items() if set(files.values()) <= present}
+
+
+def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
+    """The recurrence an ONNX Runtime engine for ``target`` runs (``PREFERRED``, else the one exported)
+    and ``{engine file: export file}``."""
+    variants = backbone_variants(export_dir)
+    if not variants:
+        raise SystemExit(f"s1omni build: {export_dir} holds no prefill/continue graphs")
+    recurrence = PREFERRED[target] if PREFERRED[target] in variants else next(iter(variants))
+    every_variant = {file for files in variants.values() for file in files.values()}
+    files = {name: name for name in _graph_files(export_dir) if name not in every_variant}
+    files.update({f"{graph}.onnx": file for graph, file in variants[recurrence].items()})
+    return recurrence, files
 
 
 def tensorrt_profiles(export_dir: Path, max_tokens: int) -> dict[str, dict[str, tuple[int, int, int]]]:
@@ -47,7 +90,16 @@ def tensorrt_profiles(export_dir: Path, max_tokens: int) -> dict[str, dict[str, 
     return profiles
 
 
-def build(export_dir: str | os.PathLike[str], backend: str, target: str, out: str | os.PathLike[str] | None = None) -> Path:
+def build(
+    export_dir: str | os.PathLike[str],
+    backend: str,
+    target: str,
+    out: str | os.PathLike[str] | None = None,
+    precision: str | None = None,
+    kernel: str | None = None,
+) -> Path:
+    """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``)
+    and ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``export.cuda_kernels.KERNELS``)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -58,20 +110,38 @@ def build(export_dir: str | os.PathLike[str], backend: str, target: str, out: st
                 raise SystemExit(f"s1omni build: ONNX Runtime targets are {', '.join(ORT_TARGETS)}")
             import onnxruntime
 
-            for name in _graph_files(export_dir):
-                print(f"build onnxruntime/{target}: copying {name}", file=sys.stderr, flush=True)
-                shutil.copyfile(export_dir / name, stage / name)
+            precision = precision or next(iter(ORT_PRECISIONS[target]))
+            if precision not in ORT_PRECISIONS[target]:
+                raise SystemExit(f"s1omni build: onnxruntime/{target} precisions are {', '.join(ORT_PRECISIONS[target])}")
+            recurrence, files = ort_files(export_dir, target)
+            kernel = kernel or (KERNELS[-1] if target == "cuda" and recurrence == "fused" else None)
+            if kernel and (target != "cuda" or recurrence != "fused" or kernel not in KERNELS):
+                raise SystemExit(f"s1omni build: --gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
+            for name, source in files.items():
+                if kernel == "GatedDeltaNet" and source in backbone_variants(export_dir)["fused"].values():
+                    count = use_gated_delta_net(export_dir / source, stage / name)
+                    print(f"build onnxruntime/{target}: {source} -> {name} ({count} GatedDeltaNet nodes)", file=sys.stderr, flush=True)
+                    continue
+                print(f"build onnxruntime/{target}: {source} -> {name}", file=sys.stderr, flush=True)
+                link_or_copy(export_dir / source, stage / name)
             record = {
                 "backend": "onnxruntime",
                 "library": "onnxruntime",
                 "library_version": onnxruntime.__version__,
                 "target": target,
                 "device": target,
-                "precision": "fp32",
-                "provider_options": {"use_tf32": 0} if target == "cuda" else {},
+                "precision": precision,
+                "recurrence": recurrence,
+                "gated_delta_kernel": kernel or ("LinearAttention" if recurrence == "fused" else "Scan"),
+                "provider_options": ORT_PRECISIONS[target][precision],
             }
         elif backend == "tensorrt":
             from .tensorrt_build import build_plans
+
+            if precision:
+                raise SystemExit("s1omni build: a TensorRT plan's precision is its graphs' (--precision is for onnxruntime/cuda)")
+            if "scan" not in backbone_variants(export_dir):
+                raise SystemExit(f"s1omni build: TensorRT parses the portable graphs; export again with --recurrence scan ({export_dir} has none)")
 
             max_tokens = int(manifest.get("max_tokens") or 16384)
             record = build_plans(export_dir, stage, target, tensorrt_profiles(export_dir, max_tokens))
@@ -79,7 +149,7 @@ def build(export_dir: str | os.PathLike[str], backend: str, target: str, out: st
         else:
             raise SystemExit("s1omni build: --backend is onnxruntime or tensorrt")
         for name in SHARED_FILES:
-            shutil.copyfile(export_dir / name, stage / name)
+            link_or_copy(export_dir / name, stage / name)
         write_manifest(
             stage,
             {

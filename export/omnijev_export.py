@@ -41,13 +41,13 @@ def _dump(path: Path, value: Any) -> None:
     path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def write_omnijev(package: VerifiedPackage, stage: Path) -> dict[str, Any]:
+def write_omnijev(package: VerifiedPackage, stage: Path, recurrences: tuple[str, ...]) -> dict[str, Any]:
     """Write an OmniJev package's export files into ``stage``; the manifest fields they add."""
     root, details = package.root, package.details
     manifest, config = details["manifest"], details["config"]
     progress(f"loading the language model of {root}")
     backbone = load_backbone(config["text_config"], [root / s for s in details["shards"]], prefix=LANGUAGE_PREFIX)
-    move_into(export_model(backbone, stage / "graphs", prefill_embeds=True), stage)
+    move_into(export_model(backbone, stage / "graphs", prefill_embeds=True, recurrences=recurrences), stage)
     vision = export_vision(VisionTower.load(config["vision_config"], root / "vision.safetensors"), config["vision_config"], stage)
     progress("writing the embedding, heads, tokenizer and settings")
     save_file({EMBEDDING_TENSOR: backbone.embed_tokens.weight.detach().float().numpy()}, str(stage / EMBEDDING))

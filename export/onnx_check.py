@@ -10,6 +10,7 @@ the numerical contract are the validation stage's.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,42 +29,50 @@ LENGTHS = (37, 200)
 RELATIVE = 1e-4
 
 
-def check_graphs(model: nn.Module, directory: Path, lengths: tuple[int, int] = LENGTHS) -> dict[str, float]:
-    """The largest relative difference per output kind over prefix/block lengths ``lengths`` and reversed."""
-    prefill, block = (
-        onnxruntime.InferenceSession(str(directory / f"{name}.onnx"), providers=["CPUExecutionProvider"])
-        for name in ("prefill", "continue")
-    )
+def check_graphs(model: nn.Module, directory: Path, files: Mapping[str, str], lengths: tuple[int, int] = LENGTHS) -> dict[str, float]:
+    """The largest relative difference per output kind over prefix/block lengths ``lengths`` and reversed.
+
+    ``files`` names the two graphs in ``directory`` (``{"prefill": ..., "continue": ...}``). One graph's
+    session is open at a time: a 9B member's float32 weights are 32 GB per session.
+    """
     reference = TorchRunner(model)
     names = state_names(model.config.layer_types)
-    embeds = prefill.get_inputs()[0].name == "inputs_embeds"
     rng = np.random.default_rng(0)
-    report: dict[str, float] = {}
-    for prefix_length, block_length in (lengths, lengths[::-1]):
-        ids = rng.integers(1, model.config.vocab_size, prefix_length)
+    pairs = [(rng.integers(1, model.config.vocab_size, p), rng.integers(1, model.config.vocab_size, b)) for p, b in (lengths, lengths[::-1])]
+    found: list[dict[str, float]] = [{} for _ in pairs]
+    states, caches = [], []
+    prefill = _session(directory / files["prefill"])
+    embeds = prefill.get_inputs()[0].name == "inputs_embeds"
+    for (ids, _), row in zip(pairs, found, strict=True):
         feeds = _feeds(ids, 0, "attention_mask")
         if embeds:  # the tokens' own embeddings: what the reference runner's prefill looks up
             with torch.no_grad():
                 feeds["inputs_embeds"] = model.embed_tokens(torch.as_tensor(feeds.pop("input_ids"))).numpy()
         hidden, *state = prefill.run(None, feeds)
-        cache = reference.prefill(Prefix(ids))
-        found = {"prefill.hidden": _relative(hidden[0], reference.forward(ids))}
+        caches.append(reference.prefill(Prefix(ids)))
+        states.append(state)
+        row["prefill.hidden"] = _relative(hidden[0], reference.forward(ids))
         for name, value in zip(names, state, strict=True):
             kind = f"prefill.{name.split('.')[0]}"
-            found[kind] = max(found.get(kind, 0.0), _relative(value, _cached(cache, name)))
-        block_ids = rng.integers(1, model.config.vocab_size, block_length)
+            row[kind] = max(row.get(kind, 0.0), _relative(value, _cached(caches[-1], name)))
+    del prefill
+    block = _session(directory / files["continue"])
+    for (ids, block_ids), state, cache, row in zip(pairs, states, caches, found, strict=True):
         past = {f"past_{name}": value for name, value in zip(names, state, strict=True)}
-        hidden = block.run(None, _feeds(block_ids, prefix_length, "past_mask") | past)[0]
-        expected = reference.continue_blocks(cache, Prefix(ids), [Block(block_ids, np.arange(block_length))])[0]
-        found["continue.hidden"] = _relative(hidden[0], expected)
-        for kind, value in found.items():
-            report[kind] = max(report.get(kind, 0.0), value)
-        summary = ", ".join(f"{kind} {value:.1e}" for kind, value in found.items())
-        print(f"export: checked prefix {prefix_length} + block {block_length}: {summary}", file=sys.stderr, flush=True)
+        hidden = block.run(None, _feeds(block_ids, len(ids), "past_mask") | past)[0]
+        expected = reference.continue_blocks(cache, Prefix(ids), [Block(block_ids, np.arange(len(block_ids)))])[0]
+        row["continue.hidden"] = _relative(hidden[0], expected)
+        summary = ", ".join(f"{kind} {value:.1e}" for kind, value in row.items())
+        print(f"export: checked {files['prefill']} prefix {len(ids)} + block {len(block_ids)}: {summary}", file=sys.stderr, flush=True)
+    report = {kind: max(row[kind] for row in found) for kind in found[0]}
     failed = {kind: value for kind, value in report.items() if value > RELATIVE}
     if failed:
         raise RuntimeError(f"the exported graphs differ from the transformers model (relative to its scale): {failed}")
     return report
+
+
+def _session(path: Path) -> onnxruntime.InferenceSession:
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
 def _feeds(ids: np.ndarray, start: int, mask_name: str) -> dict[str, np.ndarray]:

@@ -36,6 +36,8 @@ import onnx
 import onnx_ir as ir
 import torch
 from onnxscript import opset18 as op
+from onnx.defs import OpSchema
+from onnxscript.values import Op, Opset
 from torch import nn
 
 from runtime.runners.torch_runner import load_backbone
@@ -43,7 +45,7 @@ from runtime.staging import staged_directory
 from runtime.vela2.package import shard_names
 
 from .onnx_check import LENGTHS, check_graphs
-from .patches import ContinueForward, PrefillForward, explicit_state_forward, state_names
+from .patches import RECURRENCES, ContinueForward, PrefillForward, explicit_state_forward, state_names
 
 OPSET = 18  # Scan, Trilu, CumSum and Softplus are all there; TensorRT 10 parses it
 EXTERNAL_DATA_BYTES = 1_500_000_000  # weights above this go to weights.data (protobuf stops at 2 GiB)
@@ -68,7 +70,48 @@ def exact_silu(self):
     return op.Div(self, op.Add(op.CastLike(1.0, self), op.Exp(op.Neg(self))))
 
 
-LOWERINGS = {torch.ops.aten.sigmoid.default: exact_sigmoid, torch.ops.aten.silu.default: exact_silu}
+def _linear_attention_schema() -> OpSchema:
+    """The part of ONNX Runtime's ``com.microsoft`` ``LinearAttention`` schema (1.31) these graphs use;
+    onnx itself registers no contrib schemas, and the exporter needs one to emit the node."""
+    parameter, optional = OpSchema.FormalParameter, OpSchema.FormalParameterOption.Optional
+    attribute = OpSchema.Attribute
+    return OpSchema(
+        "LinearAttention",
+        "com.microsoft",
+        1,
+        inputs=[
+            *(parameter(name, "T") for name in ("query", "key", "value")),
+            parameter("past_state", "S", param_option=optional),
+            *(parameter(name, "T", param_option=optional) for name in ("decay", "beta")),
+        ],
+        outputs=[parameter("output", "T"), parameter("present_state", "S")],
+        type_constraints=[("T", ["tensor(float)"], "activations"), ("S", ["tensor(float)"], "recurrent state")],
+        attributes=[
+            attribute("q_num_heads", OpSchema.AttrType.INT, "query heads"),
+            attribute("kv_num_heads", OpSchema.AttrType.INT, "key/value heads"),
+            attribute("update_rule", OpSchema.AttrType.STRING, "linear, gated, delta or gated_delta"),
+        ],
+    )
+
+
+LINEAR_ATTENTION = Op(Opset("com.microsoft", 1), "LinearAttention", _linear_attention_schema())
+
+
+def linear_attention(query, key, value, state, decay, beta, heads: int):
+    """``s1omni::gated_delta_rule`` as ONNX Runtime's contrib node (same argument order and meaning)."""
+    return LINEAR_ATTENTION(query, key, value, state, decay, beta, q_num_heads=heads, kv_num_heads=heads, update_rule="gated_delta")
+
+
+LOWERINGS = {
+    torch.ops.aten.sigmoid.default: exact_sigmoid,
+    torch.ops.aten.silu.default: exact_silu,
+    torch.ops.s1omni.gated_delta_rule.default: linear_attention,
+}
+
+
+def graph_file(graph: str, recurrence: str) -> str:
+    """``prefill.onnx`` (portable ``Scan``), ``prefill.fused.onnx`` (ONNX Runtime's fused kernels), ..."""
+    return f"{graph}.onnx" if recurrence == "scan" else f"{graph}.{recurrence}.onnx"
 
 
 def progress(message: str) -> None:
@@ -131,11 +174,11 @@ def continue_example(model: nn.Module, length: int) -> tuple[tuple[torch.Tensor,
     return (ids, positions, past_mask, readouts, *states), shapes
 
 
-def trace(module: nn.Module, args: tuple[torch.Tensor, ...], shapes: tuple[Any, ...]) -> torch.export.ExportedProgram:
+def trace(module: nn.Module, args: tuple[torch.Tensor, ...], shapes: tuple[Any, ...], recurrence: str) -> torch.export.ExportedProgram:
     """``torch.export`` with the state-explicit mixers installed; a guard that narrows an axis fails here."""
     with (
         torch.no_grad(),
-        explicit_state_forward(module.model),
+        explicit_state_forward(module.model, recurrence),
         # Size-oblivious reasoning: an axis of size 1 is not a special case (one token, one chunk, one row).
         torch.fx.experimental._config.patch(backed_size_oblivious=True),
     ):
@@ -205,11 +248,16 @@ def export_model(
     external_data_bytes: int = EXTERNAL_DATA_BYTES,
     check: bool = True,
     prefill_embeds: bool = False,
+    recurrences: tuple[str, ...] = RECURRENCES,
 ) -> Path:
-    """Trace ``model`` into ``out_dir``, atomically: ``prefill.onnx``, ``continue.onnx``, ``export.json``.
+    """Trace ``model`` into ``out_dir``, atomically: ``prefill.onnx``, ``continue.onnx`` (and their
+    ``.fused`` twins; see ``graph_file``), ``export.json``.
 
     ``prefill_embeds``: the prefill takes ``inputs_embeds`` rather than token ids (vision members).
+    ``recurrences``: which Gated DeltaNet forms to write (``RECURRENCES``), each as both graphs.
     """
+    if not recurrences or set(recurrences) - set(RECURRENCES):
+        raise ValueError(f"recurrences: one or more of {', '.join(RECURRENCES)}")
     names = state_names(model.config.layer_types)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     prefill_inputs = PREFILL_EMBEDS_INPUTS if prefill_embeds else PREFILL_INPUTS
@@ -225,21 +273,24 @@ def export_model(
     started = time.perf_counter()
     with staged_directory(out_dir) as stage:
         shared = SharedWeights(stage) if weights > external_data_bytes else None
-        nodes = {}
-        for name, (module, (args, shapes), inputs, outputs) in graphs.items():
-            progress(f"tracing {name} ({len(model.layers)} layers)")
-            graph = to_onnx(trace(module, args, shapes), shapes, inputs, outputs, opset)
-            progress(f"writing {name}.onnx" + (f" (weights in {WEIGHTS_FILE})" if shared else ""))
-            if shared:
-                shared.externalize(graph)
-            ir.save(graph, stage / f"{name}.onnx")
-            onnx.checker.check_model(str(stage / f"{name}.onnx"))
-            nodes[name] = node_count(onnx.load(str(stage / f"{name}.onnx"), load_external_data=False))
+        files = {recurrence: {name: graph_file(name, recurrence) for name in graphs} for recurrence in recurrences}
+        nodes: dict[str, dict[str, int]] = {recurrence: {} for recurrence in recurrences}
+        for recurrence in recurrences:
+            for name, (module, (args, shapes), inputs, outputs) in graphs.items():
+                file = files[recurrence][name]
+                progress(f"tracing {name} ({len(model.layers)} layers, {recurrence} recurrence)")
+                graph = to_onnx(trace(module, args, shapes, recurrence), shapes, inputs, outputs, opset)
+                progress(f"writing {file}" + (f" (weights in {WEIGHTS_FILE})" if shared else ""))
+                if shared:
+                    shared.externalize(graph)
+                ir.save(graph, stage / file)
+                onnx.checker.check_model(str(stage / file))
+                nodes[recurrence][name] = node_count(onnx.load(str(stage / file), load_external_data=False))
         seconds = time.perf_counter() - started
-        report = check_graphs(model, stage) if check else None
+        report = {recurrence: check_graphs(model, stage, files[recurrence]) for recurrence in recurrences} if check else None
         record = {
-            "format": "s1omni-backbone-onnx/1",
-            "graphs": {name: f"{name}.onnx" for name in graphs},
+            "format": "s1omni-backbone-onnx/2",
+            "graphs": files,
             "weights": WEIGHTS_FILE if shared else None,
             "state": names,
             "prefill_input": prefill_inputs[0],
@@ -255,7 +306,7 @@ def export_model(
     return out_dir
 
 
-def export_backbone(package_dir: str | Path, out_dir: str | Path, *, opset: int = OPSET) -> Path:
+def export_backbone(package_dir: str | Path, out_dir: str | Path, *, opset: int = OPSET, recurrences: tuple[str, ...] = RECURRENCES) -> Path:
     """Export a Vela 2.0 decoder package's backbone into ``out_dir``; the caller has verified the package."""
     progress(f"loading {package_dir}")
-    return export_model(load_package_backbone(Path(package_dir)), Path(out_dir), opset=opset)
+    return export_model(load_package_backbone(Path(package_dir)), Path(out_dir), opset=opset, recurrences=recurrences)

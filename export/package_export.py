@@ -24,6 +24,8 @@ from runtime.registry import Registry
 from runtime.staging import staged_directory
 from runtime.vela2.model import head_tensors, identity_of
 
+from .patches import RECURRENCES
+
 COPIED = ("tokenizer.json", "config.json", "calibration.json")
 
 
@@ -39,12 +41,12 @@ def move_into(directory: Path, target: Path) -> None:
     directory.rmdir()
 
 
-def write_vela2(package: VerifiedPackage, stage: Path) -> dict[str, Any]:
+def write_vela2(package: VerifiedPackage, stage: Path, recurrences: tuple[str, ...]) -> dict[str, Any]:
     """The backbone graphs, heads, tokenizer, config and calibration of a Vela 2.0 decoder package."""
     from .onnx_export import export_backbone
 
     print(f"export {package.member.name}: tracing the backbone to ONNX", file=sys.stderr, flush=True)
-    move_into(export_backbone(package.root, stage / "graphs"), stage)
+    move_into(export_backbone(package.root, stage / "graphs", recurrences=recurrences), stage)
     print(f"export {package.member.name}: writing heads and tokenizer", file=sys.stderr, flush=True)
     export_heads(package, stage)
     for name in COPIED:
@@ -52,7 +54,7 @@ def write_vela2(package: VerifiedPackage, stage: Path) -> dict[str, Any]:
     return {"max_tokens": int(package.details["config"]["max_length"])}
 
 
-def _writer(family: str) -> Callable[[VerifiedPackage, Path], dict[str, Any]]:
+def _writer(family: str) -> Callable[[VerifiedPackage, Path, tuple[str, ...]], dict[str, Any]]:
     if family == "omnijev":
         from .omnijev_export import write_omnijev
 
@@ -60,13 +62,21 @@ def _writer(family: str) -> Callable[[VerifiedPackage, Path], dict[str, Any]]:
     return write_vela2
 
 
-def export_package(package_dir: str | os.PathLike[str], out: str | os.PathLike[str], registry: Registry | None = None) -> dict[str, Any]:
-    """Verify, write the family's graphs, heads and settings, then the manifest; returns the manifest."""
+def export_package(
+    package_dir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    registry: Registry | None = None,
+    recurrences: tuple[str, ...] = RECURRENCES,
+) -> dict[str, Any]:
+    """Verify, write the family's graphs, heads and settings, then the manifest; returns the manifest.
+
+    ``recurrences``: the backbone forms to write (``export.patches.RECURRENCES``: the portable ``Scan``
+    graphs TensorRT parses, ONNX Runtime's fused kernels, or both)."""
     package = verify(package_dir, registry or Registry.load())
     if package.family not in ("vela2", "omnijev"):
         raise SystemExit(f"s1omni export: no export for the {package.family} family")
     with staged_directory(out) as stage:
-        fields = _writer(package.family)(package, stage)
+        fields = _writer(package.family)(package, stage, recurrences)
         manifest = {
             "family": package.family,
             "member": identity_of(package).__dict__,

@@ -11,6 +11,9 @@ inside the token mixers. The two token mixers are swapped, per instance and only
   inter-chunk recurrence as ``torch.ops.higher_order.scan``, which exports as one ONNX ``Scan``
   whatever the number of chunks. The reference's unit-triangular solve inside a chunk becomes a
   recursive block inverse: six levels of fixed 64x64 matmuls.
+  With ``recurrence="fused"`` the rule is instead one ``s1omni::gated_delta_rule`` call, which the
+  exporter lowers to ONNX Runtime's ``com.microsoft`` ``LinearAttention`` (``gated_delta``): one
+  node per layer with CPU and CUDA kernels, where the ``Scan`` runs its body once per chunk.
 - Attention: attends over ``[prefix K/V ; own K/V]`` with an additive mask built in the graph from
   the key mask and causality, and records its K/V post-norm and post-RoPE, as HF caches them.
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from types import MethodType
 
 import torch
@@ -33,6 +37,7 @@ from torch._higher_order_ops.scan import scan
 from transformers.activations import ACT2FN
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb, eager_attention_forward, l2norm
 
+RECURRENCES = ("scan", "fused")  # the portable ONNX Scan, or ONNX Runtime's fused kernel
 CHUNK = 64  # the reference's chunk size (torch_chunk_gated_delta_rule's default, FLA's too)
 MASKED = torch.finfo(torch.float32).min  # what HF's eager masks add: finite, so fully masked rows stay finite
 
@@ -201,8 +206,59 @@ def chunk_gated_delta_rule(
     return F.pad(core_attn_out, (0, 0, 0, -pad_size)).transpose(1, 2), final_state
 
 
-def gated_delta_net_forward(self, hidden_states: torch.Tensor, cache_params: ExplicitState, **kwargs) -> torch.Tensor:
-    """``Qwen3_5GatedDeltaNet.forward`` with the conv window and recurrent state in ``cache_params``."""
+@torch.library.custom_op("s1omni::gated_delta_rule", mutates_args=())
+def gated_delta_rule(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, state: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor, heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule as ONNX Runtime's ``LinearAttention`` states it, token by token.
+
+    ``query``/``key`` ``[B, T, heads*Dk]`` (l2-normalised), ``value`` ``[B, T, heads*Dv]``, ``state``
+    ``[B, heads, Dk, Dv]``, ``decay`` (log space) and ``beta`` ``[B, T, heads]``; returns the output
+    ``[B, T, heads*Dv]`` and the final state. Eager runs only (tests); exports lower it to the node.
+    """
+    batch, length, _ = query.shape
+    q, k, v = (x.reshape(batch, length, heads, -1) for x in (query, key, value))
+    q = q * q.shape[-1] ** -0.5
+    outputs = []
+    for t in range(length):
+        state = state * decay[:, t].exp()[..., None, None]
+        delta = (v[:, t] - (state * k[:, t, :, :, None]).sum(-2)) * beta[:, t, :, None]
+        state = state + k[:, t, :, :, None] * delta[:, :, None, :]
+        outputs.append((state * q[:, t, :, :, None]).sum(-2))
+    return torch.stack(outputs, 1).reshape(batch, length, -1), state
+
+
+@gated_delta_rule.register_fake
+def _gated_delta_rule_shapes(query, key, value, state, decay, beta, heads):
+    return value.new_empty(value.shape), state.new_empty(state.shape)
+
+
+def fused_gated_delta_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``chunk_gated_delta_rule``'s arguments and results, computed by one ``gated_delta_rule`` node."""
+    batch, sequence_length, heads, _ = key.shape
+    query, key = (l2norm(x.to(torch.float32), dim=-1, eps=1e-6).reshape(batch, sequence_length, -1) for x in (query, key))
+    packed = value.to(torch.float32).reshape(batch, sequence_length, -1)
+    out, final_state = torch.ops.s1omni.gated_delta_rule(
+        query, key, packed, initial_state.to(torch.float32), g.to(torch.float32), beta.to(torch.float32), heads
+    )
+    return out.reshape(value.shape), final_state
+
+
+RULES = {"scan": chunk_gated_delta_rule, "fused": fused_gated_delta_rule}
+
+
+def gated_delta_net_forward(
+    self, hidden_states: torch.Tensor, cache_params: ExplicitState, rule=chunk_gated_delta_rule, **kwargs
+) -> torch.Tensor:
+    """``Qwen3_5GatedDeltaNet.forward`` with the conv window and recurrent state in ``cache_params``;
+    ``rule`` computes the delta rule (``RULES``)."""
     state, realign = cache_params, cache_params.realign
     if realign is not None:
         # HF's apply_mask_to_padding_states, then each row's real tokens to the front.
@@ -245,7 +301,7 @@ def gated_delta_net_forward(self, hidden_states: torch.Tensor, cache_params: Exp
     recurrent = state.past.get(f"recurrent.{self.layer_idx}")
     if recurrent is None:
         recurrent = torch.zeros(batch_size, self.num_v_heads, self.head_k_dim, self.head_v_dim, device=value.device)
-    core_attn_out, state.present[f"recurrent.{self.layer_idx}"] = chunk_gated_delta_rule(query, key, value, g, beta, recurrent)
+    core_attn_out, state.present[f"recurrent.{self.layer_idx}"] = rule(query, key, value, g, beta, recurrent)
 
     core_attn_out = core_attn_out.to(value.dtype).reshape(-1, self.head_v_dim)
     core_attn_out = self.norm(core_attn_out, z.reshape(-1, self.head_v_dim)).reshape(batch_size, seq_len, -1)
@@ -278,12 +334,15 @@ def attention_forward(
 
 
 @contextmanager
-def explicit_state_forward(model: nn.Module) -> Iterator[None]:
-    """Install the state-explicit mixers on ``model``'s layers for the duration of the block, then remove them."""
+def explicit_state_forward(model: nn.Module, recurrence: str = "scan") -> Iterator[None]:
+    """Install the state-explicit mixers on ``model``'s layers for the duration of the block, then remove them.
+
+    ``recurrence`` (one of ``RECURRENCES``) picks how the Gated DeltaNet layers compute their rule.
+    """
     mixers = []
     for layer in model.layers:
         if layer.block_type == "linear_attention":
-            mixers.append((layer.linear_attn, gated_delta_net_forward))
+            mixers.append((layer.linear_attn, partial(gated_delta_net_forward, rule=RULES[recurrence])))
         else:
             mixers.append((layer.self_attn, attention_forward))
     try:

@@ -96,7 +96,13 @@ def engine_runner(path: Path, manifest: dict[str, Any], device: str, embedding: 
     if backend == "onnxruntime":
         from .runners.onnxruntime_runner import OnnxRuntimeRunner
 
-        return OnnxRuntimeRunner(path, device=manifest.get("device", device), embedding=embedding)
+        return OnnxRuntimeRunner(
+            path,
+            device=manifest.get("device", device),
+            embedding=embedding,
+            precision=manifest.get("precision", "fp32"),
+            provider_options=manifest.get("provider_options"),
+        )
     if backend == "tensorrt":
         from .runners.tensorrt_runner import TensorRtRunner
 

@@ -1,42 +1,70 @@
 #!/usr/bin/env bash
-# The H200 run behind the committed validation table and benchmark record.
+# The H200 runs behind the committed validation tables and benchmark records.
 #
-#   scripts/h200.sh SIZE OUT [WORKLOADS]
+#   scripts/h200.sh SIZE OUT [STEPS]
 #
 # On a machine with one CUDA GPU and this package importable (the lent H200: python3 with torch,
-# transformers and onnx, plus onnxruntime-gpu 1.31.1, polygraphy, starlette and uvicorn): writes a
-# synthetic Vela member of SIZE (0.8B, 4B, 9B; random weights), exports it, builds the ONNX Runtime
-# CUDA engine, validates it at the GPU gate against the float32 torch reference on the same GPU (TF32
-# off), then benchmarks the engine against the BF16 torch reference in the same run. Results land in
-# OUT: validate-SIZE.txt (the table), validate-SIZE.json, bench.json, bench.png and the logs.
+# transformers and onnx, plus onnxruntime-gpu 1.31.1, polygraphy, starlette and uvicorn). STEPS is a
+# comma-separated subset of synth,export,build,validate,bench (default: all, in that order), so a
+# run can be split over several calls of a machine that keeps /tmp between them:
+#
+#   synth     a synthetic Vela member of SIZE (0.8B, 4B, 9B; random weights, real shapes)
+#   export    its backbone to ONNX, fused Gated DeltaNet graphs only (TensorRT is not run here)
+#   build     ONNX Runtime CUDA engines at TF32: one per $KERNELS (GatedDeltaNet, LinearAttention)
+#   validate  each engine at the GPU gate against the float32 torch reference on the same GPU
+#   bench     the validated engines against the BF16 torch reference in the same run; over HTTP
+#             too when $HTTP lists concurrency levels (e.g. HTTP=1,8,16)
+#
+# Results land in OUT: validate-SIZE-KERNEL.txt/.json, bench.json, bench.png and the logs.
 set -euo pipefail
 size=${1:?size: 0.8B, 4B or 9B}
 out=${2:?output directory}
-workloads=${3:-backbone,router,long-span}
+steps=${3:-synth,export,build,validate,bench}
+kernels=${KERNELS:-GatedDeltaNet}
 work=${S1OMNI_WORK:-/tmp/s1omni-work}
 export S1OMNI_HOME=$work/home PYTHONUNBUFFERED=1
 mkdir -p "$out" "$work"
 s1omni() { python3 -m server.cli "$@"; }
 stamp() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
+wants() { [[ ",$steps," == *",$1,"* ]]; }
 
-pkg=$work/vela2-$size exp=$work/export-$size eng=$work/engine-$size
-stamp "synth $size"
-[ -d "$pkg" ] || s1omni synth vela2 --size "$size" --out "$pkg"
-stamp "export"
-[ -d "$exp" ] || s1omni export "$pkg" --out "$exp" 2>&1 | tee "$out/export-$size.log"
-stamp "build onnxruntime/cuda"
-s1omni build "$exp" --backend onnxruntime --target cuda --out "$eng"
-stamp "validate"
-set +e
-s1omni validate "$eng" --package "$pkg" --reference "$work/reference-$size" --reference-device cuda \
-  --report "$out/validate-$size.json" > "$out/validate-$size.txt" 2> "$out/validate-$size.log"
-validated=$?
-set -e
-cat "$out/validate-$size.txt"
-tail -n 3 "$out/validate-$size.log"
-stamp "bench"
-s1omni bench --package "$pkg" --engine "$eng" --device cuda --workloads "$workloads" --tokens 128,600,2048 \
-  --requests 16 --warmup 2 --http --concurrency 1,8,16 --profile backbone-128 --out "$out" \
-  $([ "$validated" = 0 ] || echo --allow-unvalidated) 2> "$out/bench-$size.log"
-stamp "done (validation exit $validated)"
-exit "$validated"
+pkg=$work/vela2-$size exp=$work/export-$size
+engine() { echo "$work/engine-$size-$1"; }
+
+if wants synth; then
+  stamp "synth $size"
+  [ -d "$pkg" ] || s1omni synth vela2 --size "$size" --out "$pkg"
+fi
+if wants export; then
+  stamp "export $size"
+  [ -d "$exp" ] || s1omni export "$pkg" --out "$exp" --recurrence fused 2>&1 | tee "$out/export-$size.log" | grep -v Warning
+fi
+if wants build; then
+  for kernel in ${kernels//,/ }; do
+    stamp "build onnxruntime/cuda $kernel"
+    s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "$kernel" --out "$(engine "$kernel")"
+  done
+fi
+failed=0
+if wants validate; then
+  for kernel in ${kernels//,/ }; do
+    stamp "validate $kernel"
+    report=$out/validate-$size-$kernel
+    s1omni validate "$(engine "$kernel")" --package "$pkg" --reference "$work/reference-$size" --reference-device cuda \
+      --report "$report.json" > "$report.txt" 2> "$report.log" || failed=1
+    tail -n 4 "$report.txt"
+  done
+fi
+if wants bench; then
+  stamp "bench"
+  engines=()
+  for kernel in ${kernels//,/ }; do engines+=(--engine "$(engine "$kernel")"); done
+  http=()
+  [ -z "${HTTP:-}" ] || http=(--http --concurrency "$HTTP")
+  s1omni bench --package "$pkg" "${engines[@]}" --device cuda --workloads "${WORKLOADS:-backbone,router,long-span}" \
+    --tokens 128,600,2048 --requests "${REQUESTS:-16}" --warmup 2 "${http[@]}" --profile "${PROFILE:-backbone-128}" \
+    --out "$out" 2> "$out/bench-$size.log" || { tail -n 20 "$out/bench-$size.log"; exit 1; }
+  tail -n 30 "$out/bench-$size.log"
+fi
+stamp "done"
+exit "$failed"

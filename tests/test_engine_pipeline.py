@@ -52,6 +52,57 @@ def test_export_manifest_pins_graphs_heads_and_source(exported: Path) -> None:
     assert manifest["source"]["package_files"]["config.json"]
 
 
+def _ops(graph: Path) -> list[str]:
+    import onnx
+
+    return [node.op_type for node in onnx.load(str(graph), load_external_data=False).graph.node]
+
+
+def test_cpu_engine_runs_the_portable_graphs(engine: Path, exported: Path) -> None:
+    manifest = json.loads((engine / "manifest.json").read_text())
+    assert manifest["recurrence"] == "scan" and manifest["gated_delta_kernel"] == "Scan"
+    assert manifest["precision"] == "fp32" and manifest["provider_options"] == {}
+    for graph in ("prefill", "continue"):
+        assert _ops(engine / f"{graph}.onnx").count("Scan") == 3  # the tiny member's 3 Gated DeltaNet layers
+        assert (engine / f"{graph}.onnx").stat().st_ino == (exported / f"{graph}.onnx").stat().st_ino
+    assert not (engine / "prefill.fused.onnx").exists()
+
+
+def test_cuda_build_swaps_in_gated_delta_net_and_leaves_the_export_alone(exported: Path, tmp_path: Path) -> None:
+    """Built here (no GPU needed to build): TF32 by default, GatedDeltaNet nodes in the engine's graphs,
+    the export's own fused graphs untouched (the engine's files are links where they are unchanged)."""
+    out = tmp_path / "cuda"
+    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", "--out", str(out))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["precision"] == "tf32" and manifest["provider_options"] == {"use_tf32": 1}
+    assert manifest["gated_delta_kernel"] == "GatedDeltaNet" and manifest["recurrence"] == "fused"
+    for graph in ("prefill", "continue"):
+        engine_ops, export_ops = _ops(out / f"{graph}.onnx"), _ops(exported / f"{graph}.fused.onnx")
+        assert engine_ops.count("GatedDeltaNet") == 3 and "LinearAttention" not in engine_ops
+        assert export_ops.count("LinearAttention") == 3 and "GatedDeltaNet" not in export_ops
+    assert (out / "heads.safetensors").stat().st_ino == (exported / "heads.safetensors").stat().st_ino
+    fp32 = tmp_path / "cuda-fp32"
+    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", "--precision", "fp32",
+           "--gated-delta-kernel", "LinearAttention", "--out", str(fp32))  # fmt: skip
+    manifest = json.loads((fp32 / "manifest.json").read_text())
+    assert manifest["provider_options"] == {"use_tf32": 0} and manifest["gated_delta_kernel"] == "LinearAttention"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--target", "cpu", "--gated-delta-kernel", "GatedDeltaNet"], "is for onnxruntime/cuda"),
+        (["--target", "cpu", "--precision", "tf32"], "precisions are fp32"),
+    ],
+)
+def test_build_refuses_options_its_target_cannot_honour(exported: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "server.cli", "build", str(exported), "--backend", "onnxruntime", *args, "--out", str(tmp_path / "e")],
+        capture_output=True, text=True, env=os.environ,
+    )  # fmt: skip
+    assert result.returncode != 0 and message in result.stderr and not (tmp_path / "e").exists()
+
+
 def test_validate_meets_the_cpu_gate_and_records_it(engine: Path, tiny_vela: Path, tmp_path: Path) -> None:
     result = s1omni("validate", str(engine), "--package", str(tiny_vela), "--report", str(tmp_path / "report.json"))
     assert "golden" in result.stdout and "MISS" not in result.stdout
@@ -118,14 +169,16 @@ def _cuda_engine_available() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda_engine_available(), reason="needs a CUDA GPU and onnxruntime-gpu (runs on the device)")
-def test_cuda_engine_agrees_with_the_float32_reference(exported: Path, tiny_vela: Path, tmp_path: Path) -> None:
-    """The ONNX Runtime CUDA engine against the float32 torch reference on the same GPU (TF32 off).
+@pytest.mark.parametrize("kernel", ["GatedDeltaNet", "LinearAttention"])
+def test_cuda_engine_agrees_with_the_float32_reference(exported: Path, tiny_vela: Path, tmp_path: Path, kernel: str) -> None:
+    """The ONNX Runtime CUDA engine (TF32, either Gated DeltaNet kernel) against the float32 torch
+    reference on the same GPU (TF32 off).
 
     The tiny member's 24 span sets are too few for the gate's 99% rule to allow a single word within
     1e-5 of its threshold to flip (seen once on an H200), so this asserts the rest of the GPU gate.
     """
     engine = tmp_path / "ort-cuda"
-    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", "--out", str(engine))
+    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", "--gated-delta-kernel", kernel, "--out", str(engine))
     subprocess.run(
         [sys.executable, "-m", "server.cli", "validate", str(engine), "--package", str(tiny_vela), "--reference",
          str(tmp_path / "reference"), "--reference-device", "cuda", "--report", str(tmp_path / "report.json")],
@@ -137,3 +190,17 @@ def test_cuda_engine_agrees_with_the_float32_reference(exported: Path, tiny_vela
     assert summary["max_probability"] <= report["gate"]["max_probability"]
     same, total = map(int, summary["margin_decisions"].split("/"))
     assert same == total
+
+
+def test_engine_graphs_follow_the_exported_recurrences(tmp_path: Path) -> None:
+    from export.build import backbone_variants, ort_files
+
+    for name in ("prefill.onnx", "continue.onnx", "prefill.fused.onnx", "continue.fused.onnx", "weights.data", "heads.safetensors"):
+        (tmp_path / name).write_bytes(b"")
+    assert set(backbone_variants(tmp_path)) == {"scan", "fused"}
+    fused = {"weights.data": "weights.data", "prefill.onnx": "prefill.fused.onnx", "continue.onnx": "continue.fused.onnx"}
+    portable = {"weights.data": "weights.data", "prefill.onnx": "prefill.onnx", "continue.onnx": "continue.onnx"}
+    assert ort_files(tmp_path, "cuda") == ("fused", fused) and ort_files(tmp_path, "cpu") == ("scan", portable)
+    for name in ("prefill.onnx", "continue.onnx"):
+        (tmp_path / name).unlink()
+    assert ort_files(tmp_path, "cpu") == ("fused", fused)  # a fused-only export: the CPU runs it too

@@ -14,8 +14,8 @@ import onnx
 import pytest
 import torch
 
-from export.onnx_export import export_backbone, export_model, load_package_backbone, node_count
-from export.patches import explicit_state_forward, unit_lower_inverse
+from export.onnx_export import export_backbone, export_model, graph_file, load_package_backbone, node_count
+from export.patches import RECURRENCES, explicit_state_forward, gated_delta_rule, unit_lower_inverse
 from runtime.runners.base import Block, Prefix, Tree
 from runtime.runners.onnxruntime_runner import OnnxRuntimeRunner
 from runtime.runners.torch_runner import TorchRunner
@@ -39,9 +39,13 @@ def engine(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return export_backbone(tiny_vela, tmp_path_factory.mktemp("onnx") / "vela2-tiny")
 
 
-@pytest.fixture(scope="session")
-def runner(engine: Path) -> OnnxRuntimeRunner:
-    return OnnxRuntimeRunner(engine)
+@pytest.fixture(scope="session", params=RECURRENCES)
+def runner(request: pytest.FixtureRequest, engine: Path, tmp_path_factory: pytest.TempPathFactory) -> OnnxRuntimeRunner:
+    """The runner over one recurrence's graphs, linked under the names an engine gives them."""
+    directory = tmp_path_factory.mktemp(request.param)
+    for graph in ("prefill", "continue"):
+        (directory / f"{graph}.onnx").hardlink_to(engine / graph_file(graph, request.param))
+    return OnnxRuntimeRunner(directory)
 
 
 def _tree(rng: np.random.Generator, prefix: int, *blocks: int) -> Tree:
@@ -77,12 +81,39 @@ def test_patches_are_removed_after_tracing(reference: TorchRunner) -> None:
     assert all("forward" not in vars(layer.linear_attn if layer.block_type == "linear_attention" else layer.self_attn) for layer in model.layers)
 
 
+def test_fused_rule_is_the_chunked_rule(reference: TorchRunner) -> None:
+    """``gated_delta_rule`` (what the fused graphs' ``LinearAttention`` computes) equals the reference's
+    chunked rule on the same inputs, grouped heads, an initial state and a partial last chunk included."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
+
+    generator = torch.Generator().manual_seed(1)
+    batch, length, heads, k_dim, v_dim = 2, 70, 3, 8, 5
+    query, key = (torch.randn(batch, length, heads, k_dim, generator=generator) for _ in range(2))
+    value = torch.randn(batch, length, heads, v_dim, generator=generator)
+    g, beta = -torch.rand(batch, length, heads, generator=generator), torch.rand(batch, length, heads, generator=generator)
+    state = 0.1 * torch.randn(batch, heads, k_dim, v_dim, generator=generator)
+    expected, expected_state = torch_chunk_gated_delta_rule(
+        query, key, value, g, beta, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
+    from export.patches import fused_gated_delta_rule
+
+    found, found_state = fused_gated_delta_rule(query, key, value, g, beta, state)
+    assert found.shape == expected.shape and torch.allclose(found, expected, atol=1e-5)
+    assert torch.allclose(found_state, expected_state, atol=1e-5)
+    assert gated_delta_rule._opoverload.name() == "s1omni::gated_delta_rule"
+
+
 @pytest.mark.slow
 def test_export_writes_checked_graphs(engine: Path) -> None:
+    layers = 3  # the tiny member's Gated DeltaNet layers
     for name in ("prefill", "continue"):
         graph = onnx.load(str(engine / f"{name}.onnx"))
         onnx.checker.check_model(graph)
         assert [op for op in graph.graph.node if op.op_type in ("Scan", "Loop")], f"{name}.onnx has no Scan or Loop"
+        fused = onnx.load(str(engine / graph_file(name, "fused")))
+        kinds = [(node.domain, node.op_type) for node in fused.graph.node]
+        assert kinds.count(("com.microsoft", "LinearAttention")) == layers and ("", "Scan") not in kinds, name
+        assert node_count(fused) < node_count(graph), f"{name}: the fused graph is the smaller one"
     prefill = onnx.load(str(engine / "prefill.onnx"))
     outputs = [value.name for value in prefill.graph.output]
     assert outputs == ["hidden", "conv.0", "recurrent.0", "conv.1", "recurrent.1", "conv.2", "recurrent.2", "key.3", "value.3"]

@@ -34,10 +34,11 @@ RELEASE = "release.json"  # the release manifest's fields the model reads (model
 class VisionSession:
     """``vision.onnx`` as a vision tower: the grid-derived inputs computed here, the tower in the graph."""
 
-    def __init__(self, path: Path, config: dict[str, Any], device: str = "cpu"):
+    def __init__(self, path: Path, config: dict[str, Any], device: str = "cpu", provider_options: dict[str, Any] | None = None):
+        """``provider_options``: the engine manifest's, so the tower runs at the backbone's precision."""
         device_id = int(str(device).partition(":")[2] or 0)
         kind = "cuda" if str(device).startswith("cuda") else "cpu"
-        self.session = onnxruntime.InferenceSession(str(path), providers=providers(kind, device_id))
+        self.session = onnxruntime.InferenceSession(str(path), providers=providers(kind, device_id, provider_options or {}))
         self.config = config
 
     def __call__(self, pixels: Pixels) -> np.ndarray:
@@ -61,7 +62,7 @@ def load_engine(path: Path, manifest: dict[str, Any], device: str = "cpu") -> Om
         Release.read({**release, "calibration": _json(path / "calibration.json")}, config),
         Tokenizer.from_file(str(path / "tokenizer.json")),
         Processor.from_config(processor_config, release["max_pixels"]),
-        VisionSession(path / VISION_GRAPH, config["vision_config"], device),
+        VisionSession(path / VISION_GRAPH, config["vision_config"], device, manifest.get("provider_options")),
         engine_runner(path, manifest, device, embedding),
         Heads.load(path / "heads.safetensors"),
         embedding,

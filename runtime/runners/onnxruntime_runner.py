@@ -11,12 +11,13 @@ prefix tokens up in the engine's embedding table (the tied embedding, float32) a
 prefix's image features (``Prefix.embeds``) at its placeholders (``Prefix.embed_index``), as the
 reference runner does before its forward; the blocks still go in as token ids.
 
-Float32 throughout; on CUDA, TF32 is off so the engine can be held to the float32 reference.
+Float32 weights, activations and state throughout. On CUDA the engine's manifest says whether
+matmuls may use TF32 (``tf32``, held to the GPU gate) or not (``fp32``, held to float32 parity).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,12 +42,12 @@ class PrefixState:
     starts: np.ndarray  # int64 [B]: the position each prefix's blocks start at
 
 
-def providers(device: str, device_id: int) -> list:
-    """The execution providers of an engine on ``device`` (cuda: TF32 off, so float32 parity holds)."""
+def providers(device: str, device_id: int, options: Mapping[str, object]) -> list:
+    """The execution providers of an engine on ``device``; ``options`` go to the CUDA EP (TF32 off unless they say so)."""
     if device == "cuda":
         # The CUDA EP dlopens cuBLAS/cuDNN by name: load them from the nvidia-* wheels torch brought.
         onnxruntime.preload_dlls()
-        return [("CUDAExecutionProvider", {"device_id": device_id, "use_tf32": 0}), "CPUExecutionProvider"]
+        return [("CUDAExecutionProvider", {"use_tf32": 0, **options, "device_id": device_id}), "CPUExecutionProvider"]
     return ["CPUExecutionProvider"]
 
 
@@ -91,14 +92,22 @@ def row_gather_graph(names: Sequence[str]) -> bytes:
 
 class OnnxRuntimeRunner:
     name = "onnxruntime"
-    precision = "fp32"
 
-    def __init__(self, engine_dir: str | Path, device: str = "cpu", embedding: np.ndarray | None = None):
-        """``embedding`` ``[vocabulary, hidden]``: the table a prefill graph taking ``inputs_embeds`` needs."""
+    def __init__(
+        self,
+        engine_dir: str | Path,
+        device: str = "cpu",
+        embedding: np.ndarray | None = None,
+        precision: str = "fp32",
+        provider_options: Mapping[str, object] | None = None,
+    ):
+        """``embedding`` ``[vocabulary, hidden]``: the table a prefill graph taking ``inputs_embeds`` needs;
+        ``precision`` and ``provider_options``: the engine manifest's (``export.build.ORT_PRECISIONS``)."""
         engine_dir = Path(engine_dir)
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"
+        self.precision = precision
         self._device_id = int(str(device).partition(":")[2] or 0)
-        chosen = providers(self.device, self._device_id)
+        chosen = providers(self.device, self._device_id, provider_options or {})
         self._prefill = onnxruntime.InferenceSession(str(engine_dir / "prefill.onnx"), providers=chosen)
         self._continue = onnxruntime.InferenceSession(str(engine_dir / "continue.onnx"), providers=chosen)
         if self.device == "cuda" and "CUDAExecutionProvider" not in self._prefill.get_providers():

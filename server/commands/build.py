@@ -10,11 +10,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", required=True, choices=["onnxruntime", "tensorrt"])
     parser.add_argument("--target", required=True, help="cpu or cuda (onnxruntime); sm_XX, a compute capability (tensorrt)")
     parser.add_argument("--out", metavar="ENG", help="engine directory (default engines/<member>/<backend>/<target>)")
+    parser.add_argument(
+        "--precision",
+        choices=["tf32", "fp32"],
+        help="onnxruntime/cuda only: tf32 (default; TF32 matmuls, float32 weights and state) or fp32 (TF32 off, for float32 parity)",
+    )
+    parser.add_argument(
+        "--gated-delta-kernel",
+        choices=["GatedDeltaNet", "LinearAttention"],
+        help="onnxruntime/cuda only: the contrib op running the fused Gated DeltaNet rule (default GatedDeltaNet, "
+        "chunk-parallel; LinearAttention walks tokens one by one and also runs on the CPU)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from export.build import build
 
-    out = build(args.export_dir, args.backend, args.target, args.out)
+    out = build(args.export_dir, args.backend, args.target, args.out, args.precision, args.gated_delta_kernel)
     print(f"built {args.backend}/{args.target} engine in {out}; validate it with `s1omni validate {out} --package PKG`")
     return 0

@@ -10,6 +10,13 @@ HELP = "verify a member package and export its backbone to ONNX, its heads to fl
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("package", metavar="PKG", help="package directory")
     parser.add_argument("--out", required=True, metavar="DIR", help="export directory (replaced atomically)")
+    parser.add_argument(
+        "--recurrence",
+        choices=["both", "scan", "fused"],
+        default="both",
+        help="Gated DeltaNet graphs to write: scan (portable ONNX Scan, for TensorRT), fused (ONNX Runtime's "
+        "LinearAttention kernels, what ONNX Runtime engines run), or both (default)",
+    )
     add_registry(parser)
 
 
@@ -17,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     from export.package_export import export_package
     from runtime.registry import Registry
 
-    manifest = export_package(args.package, args.out, Registry.load(args.registry))
+    recurrences = ("scan", "fused") if args.recurrence == "both" else (args.recurrence,)
+    manifest = export_package(args.package, args.out, Registry.load(args.registry), recurrences)
     graphs = sorted(name for name in manifest["files"] if name.endswith(".onnx"))
     print(f"exported {manifest['member']['name']}@{manifest['member']['revision']} to {args.out}: {', '.join(graphs)}")
     return 0
