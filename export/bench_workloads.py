@@ -5,11 +5,15 @@ block of ``BLOCK_TOKENS`` tokens continuing from its state (``runner.run`` = pre
 hidden states read back at the block's last token). Every other workload is a calibration case
 answered through ``model.answer`` (planning, runner, heads, finishing): ``router`` is the
 router-signal request (six questions, all five kinds, about 600 tokens of text), ``long-span`` the
-windowed long span request, and any case name of ``calib/<family>/cases.json`` works too.
+windowed long span request, and any case name of ``calib/<family>/cases.json`` works too. For
+OmniJev, ``screenshot-N`` is one choice question with N options about a 1600x900 screenshot
+(``screenshot`` expands to 1, 12 and 255 options, the reference's own speed cases).
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image, ImageDraw
 
 from runtime.runners.base import Block, Prefix, Tree
 
@@ -25,6 +30,9 @@ from .bench_stats import now, ratios, summarize, time_calls, to_ms
 
 CALIB = Path(__file__).resolve().parent.parent / "calib"
 BACKBONE = re.compile(r"backbone-(\d+)")
+SCREENSHOT = re.compile(r"screenshot-(\d+)")
+SCREENSHOT_SIZE = (1600, 900)
+SCREENSHOT_OPTIONS = (1, 12, 255)
 ALIASES = {"router": "router-signals-600", "long-span": "span-windowed-long"}
 BLOCK_TOKENS = 8
 # Token ids drawn below this: every member's vocabulary has them (the tiny synthetic one has 2,048).
@@ -63,31 +71,61 @@ def backbone(tokens: int) -> Workload:
     return Workload(f"backbone-{tokens}", facts, tree=Tree(prefix, (block,)))
 
 
+def screenshot_url(width: int, height: int) -> str:
+    """A PNG data URL of a desktop-like screen: title bar, sidebar, text lines, buttons (fixed, no randomness)."""
+    image = Image.new("RGB", (width, height), (236, 239, 244))
+    draw = ImageDraw.Draw(image)
+    draw.rectangle((0, 0, width, 36), fill=(45, 52, 64))
+    draw.rectangle((0, 36, width // 5, height), fill=(216, 222, 233))
+    for row in range(60, height - 80, 28):  # "text": dark bars of varying length
+        draw.rectangle((width // 5 + 40, row, width // 5 + 40 + (row * 37) % (width // 2) + 120, row + 12), fill=(59, 66, 82))
+    for index, colour in enumerate([(191, 97, 106), (163, 190, 140), (94, 129, 172)]):
+        left = width - 360 + 115 * index
+        draw.rectangle((left, height - 64, left + 100, height - 24), fill=colour)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def screenshot(options: int) -> Workload:
+    """One OmniJev choice question with ``options`` options about a 1600x900 screenshot."""
+    question = {
+        "type": "choice",
+        "instructions": "Which element of the screen should be clicked next?",
+        "options": [{"key": f"element {index:03d}", "text": f"the control labelled {index}"} for index in range(options)],
+    }
+    body = {"state": {"images": [screenshot_url(*SCREENSHOT_SIZE)]}, "questions": {"next": question}}
+    facts = {"kind": "request", "call": "model.answer", "image": "x".join(map(str, SCREENSHOT_SIZE)), "options": options}
+    return Workload(f"screenshot-{options}", facts, body=body)
+
+
 def cases(family: str) -> dict[str, dict[str, Any]]:
     data = json.loads((CALIB / family / "cases.json").read_text(encoding="utf-8"))
     return {case["name"]: case["request"] for case in data["cases"]}
 
 
 def named(name: str, family: str) -> Workload:
-    """``backbone-N``, or a calibration case by its name or alias (``router``, ``long-span``)."""
+    """``backbone-N``, ``screenshot-N`` (OmniJev), or a calibration case by its name or alias (``router``, ``long-span``)."""
     found = BACKBONE.fullmatch(name)
     if found:
         return backbone(int(found.group(1)))
+    found = SCREENSHOT.fullmatch(name)
+    if found and family == "omnijev":
+        return screenshot(int(found.group(1)))
     case = ALIASES.get(name, name)
     known = cases(family)
     if case not in known:
         raise SystemExit(
-            f"s1omni bench: no workload {name!r}; use backbone-N, {', '.join(ALIASES)} or a case of {CALIB / family}"
+            f"s1omni bench: no workload {name!r}; use backbone-N, {', '.join(ALIASES)}, screenshot-N (OmniJev) or a case of {CALIB / family}"
         )
     return Workload(name, {"kind": "request", "call": "model.answer", "case": case}, body=known[case])
 
 
 def resolve(names: Sequence[str], tokens: Sequence[int], family: str) -> list[Workload]:
-    """``backbone`` expands to one workload per token count; other names go through ``named``."""
-    out: list[Workload] = []
-    for name in names:
-        out += [backbone(count) for count in tokens] if name == "backbone" else [named(name, family)]
-    return out
+    """``backbone`` expands to one workload per token count, ``screenshot`` to ``SCREENSHOT_OPTIONS``;
+    other names go through ``named``."""
+    expand = {"backbone": [f"backbone-{count}" for count in tokens], "screenshot": [f"screenshot-{n}" for n in SCREENSHOT_OPTIONS]}
+    return [named(each, family) for name in names for each in expand.get(name, [name])]
 
 
 def answer_errors(response: dict[str, Any]) -> int:

@@ -1,16 +1,20 @@
 """``s1omni build DIR --backend onnxruntime|tensorrt --target ... --out ENG``: an engine from an export.
 
 A build reads only the export directory. ONNX Runtime engines carry the graphs themselves and the
-execution provider to run them with: ``cpu`` (float32; the portable ``Scan`` graphs where exported,
-whose chunked rule rounds as the reference's does: the fused rule's token-by-token rounding, though
-nearer float64, drifts 1.09e-5 from the reference on one calibration case, past the 1e-5 CPU gate),
-or ``cuda`` (the ``fused`` graphs where exported, one contrib node per layer) at ``--precision tf32``
-(the default: float32 weights and state, TF32 tensor-core matmuls, held to the GPU gate) or ``fp32``
-(TF32 off, for float32 parity); on CUDA the fused rule runs as ``--gated-delta-kernel`` says
-(``export.cuda_kernels``). TensorRT engines carry one plan per portable (``Scan``) graph for one
-compute capability and library version. Every engine gets the heads, tokenizer, config,
-calibration and a manifest that pins them. Files are hard-linked from the export where the file
-system allows (both directories are immutable once written), so a 9B build costs no copy.
+execution provider options to run them with:
+
+- ``cpu``: float32, the portable ``Scan`` graphs where exported. Their chunked rule rounds as the
+  reference's does; the fused rule's token-by-token rounding, though nearer float64, drifts 1.09e-5
+  from the reference on one calibration case of the tiny member, past the 1e-5 CPU gate.
+- ``cuda``: the ``fused`` graphs where exported, each Gated DeltaNet layer one contrib node that
+  ``--gated-delta-kernel`` picks (``export.cuda_kernels``), at ``--precision fp32`` (the default,
+  TF32 off) or ``tf32``. TF32 matmuls are faster but flipped 2 of 24 span sets of the 0.8B synthetic
+  member on the H200, a GPU-gate miss (``benchmarks/h200-0.8B``).
+
+TensorRT engines carry one plan per portable graph for one compute capability and library version.
+Every engine gets the heads, tokenizer, config, calibration and a manifest that pins them. Files are
+hard-linked from the export where the file system allows (both directories are immutable once
+written), so a large member's build copies nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +37,15 @@ from .patches import RECURRENCES
 SHARED_FILES = ("heads.safetensors", "tokenizer.json", "config.json", "calibration.json")
 ORT_TARGETS = ("cpu", "cuda")
 # Precisions per ONNX Runtime target, the default first, with the CUDA EP options that give them.
-ORT_PRECISIONS = {"cpu": {"fp32": {}}, "cuda": {"tf32": {"use_tf32": 1}, "fp32": {"use_tf32": 0}}}
+# HEURISTIC conv algorithms: the CUDA EP's default (EXHAUSTIVE) benchmarks cuDNN algorithms again for
+# every new sequence length, ~0.4 s a request on the H200.
+ORT_PRECISIONS = {
+    "cpu": {"fp32": {}},
+    "cuda": {
+        "fp32": {"use_tf32": 0, "cudnn_conv_algo_search": "HEURISTIC"},
+        "tf32": {"use_tf32": 1, "cudnn_conv_algo_search": "HEURISTIC"},
+    },
+}
 # The Gated DeltaNet form each ONNX Runtime target runs when the export has both (see above).
 PREFERRED = {"cpu": "scan", "cuda": "fused"}
 # Served ranges of the dynamic dimensions: rows of a batch, and token lengths (the member's input limit).

@@ -69,23 +69,23 @@ def test_cpu_engine_runs_the_portable_graphs(engine: Path, exported: Path) -> No
 
 
 def test_cuda_build_swaps_in_gated_delta_net_and_leaves_the_export_alone(exported: Path, tmp_path: Path) -> None:
-    """Built here (no GPU needed to build): TF32 by default, GatedDeltaNet nodes in the engine's graphs,
+    """Built here (no GPU needed to build): float32 by default, GatedDeltaNet nodes in the engine's graphs,
     the export's own fused graphs untouched (the engine's files are links where they are unchanged)."""
     out = tmp_path / "cuda"
     s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", "--out", str(out))
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["precision"] == "tf32" and manifest["provider_options"] == {"use_tf32": 1}
+    assert manifest["precision"] == "fp32" and manifest["provider_options"]["use_tf32"] == 0
     assert manifest["gated_delta_kernel"] == "GatedDeltaNet" and manifest["recurrence"] == "fused"
     for graph in ("prefill", "continue"):
         engine_ops, export_ops = _ops(out / f"{graph}.onnx"), _ops(exported / f"{graph}.fused.onnx")
         assert engine_ops.count("GatedDeltaNet") == 3 and "LinearAttention" not in engine_ops
         assert export_ops.count("LinearAttention") == 3 and "GatedDeltaNet" not in export_ops
     assert (out / "heads.safetensors").stat().st_ino == (exported / "heads.safetensors").stat().st_ino
-    fp32 = tmp_path / "cuda-fp32"
-    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", "--precision", "fp32",
-           "--gated-delta-kernel", "LinearAttention", "--out", str(fp32))  # fmt: skip
-    manifest = json.loads((fp32 / "manifest.json").read_text())
-    assert manifest["provider_options"] == {"use_tf32": 0} and manifest["gated_delta_kernel"] == "LinearAttention"
+    tf32 = tmp_path / "cuda-tf32"
+    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", "--precision", "tf32",
+           "--gated-delta-kernel", "LinearAttention", "--out", str(tf32))  # fmt: skip
+    manifest = json.loads((tf32 / "manifest.json").read_text())
+    assert manifest["provider_options"]["use_tf32"] == 1 and manifest["gated_delta_kernel"] == "LinearAttention"
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="ENG", help="engine directory (default engines/<member>/<backend>/<target>)")
     parser.add_argument(
         "--precision",
-        choices=["tf32", "fp32"],
-        help="onnxruntime/cuda only: tf32 (default; TF32 matmuls, float32 weights and state) or fp32 (TF32 off, for float32 parity)",
+        choices=["fp32", "tf32"],
+        help="onnxruntime/cuda only: fp32 (default; TF32 off) or tf32 (TF32 tensor-core matmuls; float32 weights and state)",
     )
     parser.add_argument(
         "--gated-delta-kernel",
