@@ -13,9 +13,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
 from export.onnx_export import export_backbone, export_model, graph_file, load_package_backbone, node_count
-from export.patches import RECURRENCES, explicit_state_forward, gated_delta_rule, unit_lower_inverse
+from export.patches import RECURRENCES, explicit_state_forward, fused_gated_delta_rule, gated_delta_rule, unit_lower_inverse
 from runtime.runners.base import Block, Prefix, Tree
 from runtime.runners.onnxruntime_runner import OnnxRuntimeRunner
 from runtime.runners.torch_runner import TorchRunner
@@ -81,11 +82,9 @@ def test_patches_are_removed_after_tracing(reference: TorchRunner) -> None:
     assert all("forward" not in vars(layer.linear_attn if layer.block_type == "linear_attention" else layer.self_attn) for layer in model.layers)
 
 
-def test_fused_rule_is_the_chunked_rule(reference: TorchRunner) -> None:
+def test_fused_rule_is_the_chunked_rule() -> None:
     """``gated_delta_rule`` (what the fused graphs' ``LinearAttention`` computes) equals the reference's
     chunked rule on the same inputs, grouped heads, an initial state and a partial last chunk included."""
-    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
-
     generator = torch.Generator().manual_seed(1)
     batch, length, heads, k_dim, v_dim = 2, 70, 3, 8, 5
     query, key = (torch.randn(batch, length, heads, k_dim, generator=generator) for _ in range(2))
@@ -95,8 +94,6 @@ def test_fused_rule_is_the_chunked_rule(reference: TorchRunner) -> None:
     expected, expected_state = torch_chunk_gated_delta_rule(
         query, key, value, g, beta, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True
     )
-    from export.patches import fused_gated_delta_rule
-
     found, found_state = fused_gated_delta_rule(query, key, value, g, beta, state)
     assert found.shape == expected.shape and torch.allclose(found, expected, atol=1e-5)
     assert torch.allclose(found_state, expected_state, atol=1e-5)
