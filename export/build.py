@@ -46,6 +46,8 @@ ORT_PRECISIONS = {
         "tf32": {"use_tf32": 1, "cudnn_conv_algo_search": "HEURISTIC"},
     },
 }
+BACKBONE = ("prefill", "continue")
+BACKBONE_FILES = {graph_file(graph, "scan") for graph in BACKBONE}  # their names in every engine
 # The Gated DeltaNet form each ONNX Runtime target runs when the export has both (see above).
 PREFERRED = {"cpu": "scan", "cuda": "fused"}
 # Served ranges of the dynamic dimensions: rows of a batch, and token lengths (the member's input limit).
@@ -72,7 +74,7 @@ def _graph_files(export_dir: Path) -> list[str]:
 def backbone_variants(export_dir: Path) -> dict[str, dict[str, str]]:
     """The backbone graph files of each recurrence the export holds (``{"fused": {"prefill": ...}}``)."""
     present = set(_graph_files(export_dir))
-    variants = {recurrence: {graph: graph_file(graph, recurrence) for graph in ("prefill", "continue")} for recurrence in RECURRENCES}
+    variants = {recurrence: {graph: graph_file(graph, recurrence) for graph in BACKBONE} for recurrence in RECURRENCES}
     return {recurrence: files for recurrence, files in variants.items() if set(files.values()) <= present}
 
 
@@ -85,14 +87,14 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
     recurrence = PREFERRED[target] if PREFERRED[target] in variants else next(iter(variants))
     every_variant = {file for files in variants.values() for file in files.values()}
     files = {name: name for name in _graph_files(export_dir) if name not in every_variant}
-    files.update({f"{graph}.onnx": file for graph, file in variants[recurrence].items()})
+    files.update({graph_file(graph, "scan"): file for graph, file in variants[recurrence].items()})
     return recurrence, files
 
 
 def tensorrt_profiles(export_dir: Path, max_tokens: int) -> dict[str, dict[str, tuple[int, int, int]]]:
     """A (min, opt, max) range for every named dynamic dimension of each graph's inputs."""
     profiles: dict[str, dict[str, tuple[int, int, int]]] = {}
-    for graph in ("prefill", "continue"):
+    for graph in BACKBONE:
         model = onnx.load(str(export_dir / f"{graph}.onnx"), load_external_data=False)
         names = {d.dim_param for i in model.graph.input for d in i.type.tensor_type.shape.dim if d.dim_param}
         profiles[graph] = {
@@ -130,7 +132,7 @@ def build(
             if kernel and (target != "cuda" or recurrence != "fused" or kernel not in KERNELS):
                 raise SystemExit(f"s1omni build: --gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
             for name, source in files.items():
-                if kernel == "GatedDeltaNet" and source in backbone_variants(export_dir)["fused"].values():
+                if kernel == "GatedDeltaNet" and name in BACKBONE_FILES:  # a fused graph (kernel implies fused)
                     count = use_gated_delta_net(export_dir / source, stage / name)
                     print(f"build onnxruntime/{target}: {source} -> {name} ({count} GatedDeltaNet nodes)", file=sys.stderr, flush=True)
                     continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,41 +30,70 @@ LENGTHS = (37, 200)
 RELATIVE = 1e-4
 
 
-def check_graphs(model: nn.Module, directory: Path, files: Mapping[str, str], lengths: tuple[int, int] = LENGTHS) -> dict[str, float]:
-    """The largest relative difference per output kind over prefix/block lengths ``lengths`` and reversed.
+@dataclass(frozen=True)
+class _Expected:
+    """The untouched model's outputs for one prefix and the block after it."""
 
-    ``files`` names the two graphs in ``directory`` (``{"prefill": ..., "continue": ...}``). One graph's
-    session is open at a time: a 9B member's float32 weights are 32 GB per session.
-    """
+    ids: np.ndarray
+    block_ids: np.ndarray
+    hidden: np.ndarray  # the prefix's hidden states
+    state: dict[str, np.ndarray]  # every state tensor after the prefix, as the graphs hold it
+    continued: np.ndarray  # the block's hidden states
+
+
+def _reference_outputs(model: nn.Module, lengths: tuple[int, int]) -> list[_Expected]:
+    """The model's outputs for prefix/block lengths ``lengths`` and reversed (random ids, seed 0)."""
     reference = TorchRunner(model)
     names = state_names(model.config.layer_types)
     rng = np.random.default_rng(0)
-    pairs = [(rng.integers(1, model.config.vocab_size, p), rng.integers(1, model.config.vocab_size, b)) for p, b in (lengths, lengths[::-1])]
-    found: list[dict[str, float]] = [{} for _ in pairs]
-    states, caches = [], []
+    out = []
+    for prefix_length, block_length in (lengths, lengths[::-1]):
+        ids, block_ids = (rng.integers(1, model.config.vocab_size, n) for n in (prefix_length, block_length))
+        cache = reference.prefill(Prefix(ids))
+        state = {name: np.array(_cached(cache, name)) for name in names}  # copies, taken before the cache is continued
+        continued = reference.continue_blocks(cache, Prefix(ids), [Block(block_ids, np.arange(block_length))])[0]
+        out.append(_Expected(ids, block_ids, reference.forward(ids), state, continued))
+    return out
+
+
+def check_graphs(
+    model: nn.Module, directory: Path, variants: Mapping[str, Mapping[str, str]], lengths: tuple[int, int] = LENGTHS
+) -> dict[str, dict[str, float]]:
+    """Per variant, the largest relative difference per output kind over prefix/block lengths ``lengths``
+    and reversed; the reference runs once for all of them.
+
+    ``variants`` names each variant's two graphs in ``directory`` (``{"fused": {"prefill": ...,
+    "continue": ...}}``). One graph's session is open at a time: a 9B member's float32 weights are
+    32 GB per session.
+    """
+    expected = _reference_outputs(model, lengths)
+    return {variant: _check(model, directory, files, expected) for variant, files in variants.items()}
+
+
+def _check(model: nn.Module, directory: Path, files: Mapping[str, str], expected: list[_Expected]) -> dict[str, float]:
+    found: list[dict[str, float]] = [{} for _ in expected]
+    states = []
     prefill = _session(directory / files["prefill"])
     embeds = prefill.get_inputs()[0].name == "inputs_embeds"
-    for (ids, _), row in zip(pairs, found, strict=True):
-        feeds = _feeds(ids, 0, "attention_mask")
+    for case, row in zip(expected, found, strict=True):
+        feeds = _feeds(case.ids, 0, "attention_mask")
         if embeds:  # the tokens' own embeddings: what the reference runner's prefill looks up
             with torch.no_grad():
                 feeds["inputs_embeds"] = model.embed_tokens(torch.as_tensor(feeds.pop("input_ids"))).numpy()
         hidden, *state = prefill.run(None, feeds)
-        caches.append(reference.prefill(Prefix(ids)))
         states.append(state)
-        row["prefill.hidden"] = _relative(hidden[0], reference.forward(ids))
-        for name, value in zip(names, state, strict=True):
+        row["prefill.hidden"] = _relative(hidden[0], case.hidden)
+        for (name, reference), value in zip(case.state.items(), state, strict=True):
             kind = f"prefill.{name.split('.')[0]}"
-            row[kind] = max(row.get(kind, 0.0), _relative(value, _cached(caches[-1], name)))
+            row[kind] = max(row.get(kind, 0.0), _relative(value, reference))
     del prefill
     block = _session(directory / files["continue"])
-    for (ids, block_ids), state, cache, row in zip(pairs, states, caches, found, strict=True):
-        past = {f"past_{name}": value for name, value in zip(names, state, strict=True)}
-        hidden = block.run(None, _feeds(block_ids, len(ids), "past_mask") | past)[0]
-        expected = reference.continue_blocks(cache, Prefix(ids), [Block(block_ids, np.arange(len(block_ids)))])[0]
-        row["continue.hidden"] = _relative(hidden[0], expected)
+    for case, state, row in zip(expected, states, found, strict=True):
+        past = {f"past_{name}": value for name, value in zip(case.state, state, strict=True)}
+        hidden = block.run(None, _feeds(case.block_ids, len(case.ids), "past_mask") | past)[0]
+        row["continue.hidden"] = _relative(hidden[0], case.continued)
         summary = ", ".join(f"{kind} {value:.1e}" for kind, value in row.items())
-        print(f"export: checked {files['prefill']} prefix {len(ids)} + block {len(block_ids)}: {summary}", file=sys.stderr, flush=True)
+        print(f"export: checked {files['prefill']} prefix {len(case.ids)} + block {len(case.block_ids)}: {summary}", file=sys.stderr, flush=True)
     report = {kind: max(row[kind] for row in found) for kind in found[0]}
     failed = {kind: value for kind, value in report.items() if value > RELATIVE}
     if failed:
