@@ -101,13 +101,28 @@ def compare(reference: dict[str, Any], engine: dict[str, Any], margin: float) ->
         stats.span_sets += 1
         stats.same_span_sets += ref_set.keys() == got_set.keys()
         if ref_set.keys() != got_set.keys():
-            stats.problems.append(f"spans.{key}: {len(got_set)} spans vs {len(ref_set)}")
+            stats.problems.append(_span_difference(key, ref_set, got_set, reference.get("thresholds", {}).get(key)))
         for span in ref_set.keys() & got_set.keys():
             probability(ref_set[span], got_set[span])
     for key, ref in reference.get("thresholds", {}).items():
         if abs(ref - engine.get("thresholds", {}).get(key, float("nan"))) > 1e-12:
             stats.problems.append(f"thresholds.{key} differs")
     return stats
+
+
+def _span_difference(key: str, reference: dict[tuple[str, int, int], float], engine: dict[tuple[str, int, int], float],
+                     threshold: float | None) -> str:
+    """A span set that differs, with the spans only one side found and their mean probabilities: a
+    span that comes and goes with a word at the threshold shows a probability near it."""
+
+    def listed(spans: dict[tuple[str, int, int], float], others: dict[tuple[str, int, int], float]) -> str:
+        only = sorted(spans.keys() - others.keys(), key=lambda span: span[1])
+        shown = ", ".join(f"{label} [{start}, {end}) p={spans[label, start, end]:.6f}" for label, start, end in only[:3])
+        return shown + (f" and {len(only) - 3} more" if len(only) > 3 else "") if only else "none"
+
+    at = f" at threshold {threshold:.6f}" if threshold is not None else ""
+    return (f"spans.{key}: {len(engine)} spans vs {len(reference)}{at}; reference only: {listed(reference, engine)};"
+            f" engine only: {listed(engine, reference)}")
 
 
 def compare_omnijev(reference: dict[str, Any], engine: dict[str, Any], margin: float) -> CaseStats:

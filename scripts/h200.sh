@@ -10,13 +10,19 @@
 #
 #   synth     a synthetic Vela member of SIZE (0.8B, 4B, 9B; random weights, real shapes)
 #   export    its backbone to ONNX, fused Gated DeltaNet graphs only (TensorRT is not run here)
-#   build     ONNX Runtime CUDA engines at TF32: one per $KERNELS (GatedDeltaNet, LinearAttention)
+#   build     ONNX Runtime CUDA engines in float32 (TF32 off): one per $KERNELS (GatedDeltaNet, LinearAttention)
 #   validate  each engine at the GPU gate against the float32 torch reference on the same GPU
 #   bench     the validated engines against the BF16 torch reference in the same run; over HTTP
 #             too when $HTTP lists concurrency levels (e.g. HTTP=1,8,16); ALLOW_UNVALIDATED=1 times
 #             engines that missed their gate (in process only: the server refuses them)
 #
 # Results land in OUT: validate-SIZE-KERNEL.txt/.json, bench.json, bench.png and the logs.
+#
+# Wall time on the lent H200 (16 cores): synth 0.8B 26 s, 9B 106 s; export 0.8B 170 s, 4B 363 s,
+# 9B 583 s (mostly the exporter's graph passes, not the weights); validate 9B 90 s with a saved
+# reference; bench 9B 255 s. A 9B synth+export outlasts one 600 s call: start it detached
+# (setsid nohup scripts/h200.sh 9B OUT synth,export > LOG 2>&1 &) and poll it from the calls that
+# stage the wheels; the machine keeps it running while calls follow each other.
 set -euo pipefail
 size=${1:?size: 0.8B, 4B or 9B}
 out=${2:?output directory}
