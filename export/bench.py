@@ -73,10 +73,12 @@ def check(settings: Settings, manifests: Sequence[dict[str, Any]]) -> None:
 
 
 def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
-    """``reference``, then ``backend/target[/kernel]`` per engine (numbered where two engines share one)."""
+    """``reference``, then ``backend/target[/kernel][/precision]`` per engine, the precision where it is not
+    float32 (numbered where two engines share one)."""
     names = [REFERENCE]
     for manifest in manifests:
-        name = "/".join(part for part in (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel")) if part)
+        precision = manifest.get("precision") if manifest.get("precision") != "fp32" else None
+        name = "/".join(part for part in (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision) if part)
         names.append(name if name not in names else f"{name}#{len(names)}")
     return names
 

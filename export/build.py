@@ -8,8 +8,9 @@ execution provider options to run them with:
   from the reference on one calibration case of the tiny member, past the 1e-5 CPU gate.
 - ``cuda``: the ``fused`` graphs where exported, each Gated DeltaNet layer one contrib node that
   ``--gated-delta-kernel`` picks (``export.cuda_kernels``), at ``--precision fp32`` (the default,
-  TF32 off) or ``tf32``. TF32 matmuls are faster but flipped 2 of 24 span sets of the 0.8B synthetic
-  member on the H200, a GPU-gate miss (``benchmarks/h200-0.8B``).
+  TF32 off), ``tf32`` or ``bf16`` (weight GEMMs in bfloat16, ``export.bf16_gemms``). TF32 matmuls are
+  faster but flipped 2 of 24 span sets of the 0.8B synthetic member on the H200, a GPU-gate miss
+  (``benchmarks/h200-0.8B``).
 
 TensorRT engines carry one plan per portable graph for one compute capability and library version.
 Every engine gets the heads, tokenizer, config, calibration and a manifest that pins them. Files are
@@ -22,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ import onnx
 from runtime.engine import read_stage, write_manifest
 from runtime.staging import staged_directory
 
+from .bf16_gemms import Bf16Weights, use_bf16_gemms
 from .cuda_kernels import KERNELS, use_gated_delta_net
 from .onnx_export import graph_file
 from .patches import RECURRENCES
@@ -44,6 +47,7 @@ ORT_PRECISIONS = {
     "cuda": {
         "fp32": {"use_tf32": 0, "cudnn_conv_algo_search": "HEURISTIC"},
         "tf32": {"use_tf32": 1, "cudnn_conv_algo_search": "HEURISTIC"},
+        "bf16": {"use_tf32": 0, "cudnn_conv_algo_search": "HEURISTIC"},  # and the graphs' GEMMs in bfloat16
     },
 }
 BACKBONE = ("prefill", "continue")
@@ -91,6 +95,18 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
     return recurrence, files
 
 
+def _graph_rewrites(kernel: str | None, precision: str, recurrence: str, weights: Bf16Weights) -> dict[str, Callable[[onnx.ModelProto], int]]:
+    """What a build rewrites in each backbone graph, in order: the Gated DeltaNet kernel, then the GEMMs' precision."""
+    rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
+    if kernel == "GatedDeltaNet":  # a fused graph (kernel implies fused)
+        rewrites["GatedDeltaNet nodes"] = use_gated_delta_net
+    if precision == "bf16":
+        if recurrence != "fused":
+            raise SystemExit("s1omni build: --precision bf16 rewrites the fused graphs; export again with --recurrence fused")
+        rewrites["bfloat16 GEMMs"] = lambda graph: use_bf16_gemms(graph, weights)
+    return rewrites
+
+
 def tensorrt_profiles(export_dir: Path, max_tokens: int) -> dict[str, dict[str, tuple[int, int, int]]]:
     """A (min, opt, max) range for every named dynamic dimension of each graph's inputs."""
     profiles: dict[str, dict[str, tuple[int, int, int]]] = {}
@@ -131,10 +147,14 @@ def build(
             kernel = kernel or (KERNELS[-1] if target == "cuda" and recurrence == "fused" else None)
             if kernel and (target != "cuda" or recurrence != "fused" or kernel not in KERNELS):
                 raise SystemExit(f"s1omni build: --gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
+            rewrites = _graph_rewrites(kernel, precision, recurrence, Bf16Weights(export_dir, stage))
             for name, source in files.items():
-                if kernel == "GatedDeltaNet" and name in BACKBONE_FILES:  # a fused graph (kernel implies fused)
-                    count = use_gated_delta_net(export_dir / source, stage / name)
-                    print(f"build onnxruntime/{target}: {source} -> {name} ({count} GatedDeltaNet nodes)", file=sys.stderr, flush=True)
+                if rewrites and name in BACKBONE_FILES:
+                    print(f"build onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...", file=sys.stderr, flush=True)
+                    graph = onnx.load(str(export_dir / source), load_external_data=False)
+                    done = ", ".join(f"{rewrite(graph)} {what}" for what, rewrite in rewrites.items())
+                    onnx.save(graph, str(stage / name))
+                    print(f"build onnxruntime/{target}: {name}: {done}", file=sys.stderr, flush=True)
                     continue
                 print(f"build onnxruntime/{target}: {source} -> {name}", file=sys.stderr, flush=True)
                 link_or_copy(export_dir / source, stage / name)

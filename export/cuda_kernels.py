@@ -16,8 +16,6 @@ chunk-parallel prefill kernels. They differ in layout only:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -61,10 +59,9 @@ def gated_delta_net_nodes(node: onnx.NodeProto, index: int) -> tuple[list[onnx.N
     ]
 
 
-def use_gated_delta_net(source: Path, target: Path) -> int:
-    """Write ``source`` (weights left where they are) to ``target`` with every ``LinearAttention`` node as
-    ``GatedDeltaNet``; returns how many were rewritten. ``target`` must not be a link to ``source``."""
-    model = onnx.load(str(source), load_external_data=False)
+def use_gated_delta_net(model: onnx.ModelProto) -> int:
+    """Rewrite ``model`` in place with every ``LinearAttention`` node as ``GatedDeltaNet``; returns how many
+    were rewritten."""
     graph = model.graph
     rewritten, nodes = 0, []
     for node in graph.node:
@@ -77,5 +74,4 @@ def use_gated_delta_net(source: Path, target: Path) -> int:
             nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
-    onnx.save(model, str(target))
     return rewritten

@@ -10,13 +10,14 @@
 #
 #   synth     a synthetic Vela member of SIZE (0.8B, 4B, 9B; random weights, real shapes)
 #   export    its backbone to ONNX, fused Gated DeltaNet graphs only (TensorRT is not run here)
-#   build     ONNX Runtime CUDA engines in float32 (TF32 off): one per $KERNELS (GatedDeltaNet, LinearAttention)
+#   build     ONNX Runtime CUDA engines: one per $KERNELS (GatedDeltaNet, LinearAttention) and $PRECISIONS
+#             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16; tf32)
 #   validate  each engine at the GPU gate against the float32 torch reference on the same GPU
 #   bench     the validated engines against the BF16 torch reference in the same run; over HTTP
 #             too when $HTTP lists concurrency levels (e.g. HTTP=1,8,16); ALLOW_UNVALIDATED=1 times
 #             engines that missed their gate (in process only: the server refuses them)
 #
-# Results land in OUT: validate-SIZE-KERNEL.txt/.json, bench.json, bench.png and the logs.
+# Results land in OUT: validate-SIZE-KERNEL[-PRECISION].txt/.json, bench.json, bench.png and the logs.
 #
 # Wall time on the lent H200 (16 cores): synth 0.8B 26 s, 9B 106 s; export 0.8B 170 s, 4B 363 s,
 # 9B 583 s (mostly the exporter's graph passes, not the weights); validate 9B 90 s with a saved
@@ -28,6 +29,7 @@ size=${1:?size: 0.8B, 4B or 9B}
 out=${2:?output directory}
 steps=${3:-synth,export,build,validate,bench}
 kernels=${KERNELS:-GatedDeltaNet}
+precisions=${PRECISIONS:-fp32}
 work=${S1OMNI_WORK:-/tmp/s1omni-work}
 export S1OMNI_HOME=$work/home PYTHONUNBUFFERED=1
 mkdir -p "$out" "$work"
@@ -36,7 +38,12 @@ stamp() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
 wants() { [[ ",$steps," == *",$1,"* ]]; }
 
 pkg=$work/vela2-$size exp=$work/export-$size
-engine() { echo "$work/engine-$size-$1"; }
+variants=()  # kernel:precision
+for kernel in ${kernels//,/ }; do
+  for precision in ${precisions//,/ }; do variants+=("$kernel:$precision"); done
+done
+name() { if [ "${1#*:}" = fp32 ]; then echo "${1%:*}"; else echo "${1%:*}-${1#*:}"; fi; }
+engine() { echo "$work/engine-$size-$(name "$1")"; }
 
 if wants synth; then
   stamp "synth $size"
@@ -47,17 +54,18 @@ if wants export; then
   [ -d "$exp" ] || s1omni export "$pkg" --out "$exp" --recurrence fused 2>&1 | tee "$out/export-$size.log" | grep -v Warning
 fi
 if wants build; then
-  for kernel in ${kernels//,/ }; do
-    stamp "build onnxruntime/cuda $kernel"
-    s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "$kernel" --out "$(engine "$kernel")"
+  for variant in "${variants[@]}"; do
+    stamp "build onnxruntime/cuda $(name "$variant")"
+    s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "${variant%:*}" --precision "${variant#*:}" \
+      --out "$(engine "$variant")"
   done
 fi
 failed=0
 if wants validate; then
-  for kernel in ${kernels//,/ }; do
-    stamp "validate $kernel"
-    report=$out/validate-$size-$kernel
-    s1omni validate "$(engine "$kernel")" --package "$pkg" --reference "$work/reference-$size" --reference-device cuda \
+  for variant in "${variants[@]}"; do
+    stamp "validate $(name "$variant")"
+    report=$out/validate-$size-$(name "$variant")
+    s1omni validate "$(engine "$variant")" --package "$pkg" --reference "$work/reference-$size" --reference-device cuda \
       --report "$report.json" > "$report.txt" 2> "$report.log" || failed=1
     tail -n 4 "$report.txt"
   done
@@ -65,7 +73,7 @@ fi
 if wants bench; then
   stamp "bench"
   engines=()
-  for kernel in ${kernels//,/ }; do engines+=(--engine "$(engine "$kernel")"); done
+  for variant in "${variants[@]}"; do engines+=(--engine "$(engine "$variant")"); done
   extra=()
   [ -z "${HTTP:-}" ] || extra=(--http --concurrency "$HTTP")
   [ -z "${ALLOW_UNVALIDATED:-}" ] || extra+=(--allow-unvalidated)

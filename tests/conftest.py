@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -38,3 +40,13 @@ def tiny_model(tiny_vela: Path):
     from runtime.api import load_model
 
     return load_model(tiny_vela)
+
+
+@pytest.fixture(scope="session")
+def exported(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny member exported as a user does (``s1omni export``: both recurrences, weights inside the graphs)."""
+    out = tmp_path_factory.mktemp("export") / "tiny"
+    command = [sys.executable, "-m", "server.cli", "export", str(tiny_vela), "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, env=os.environ)
+    assert result.returncode == 0, f"s1omni export failed:\n{result.stdout}\n{result.stderr}"
+    return out

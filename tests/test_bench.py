@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from export.bench import http_ratios
+from export.bench import http_ratios, subject_names
 from export.bench_http import server_timing
 from export.bench_stats import nearest_rank, ratios, summarize
 from export.bench_workloads import REFERENCE, backbone, measure
@@ -112,3 +112,13 @@ def test_server_timing_header() -> None:
     assert server_timing(header) == {
         "parse": 0.12, "tokenize": 1.5, "queue": 0.0, "forward": 12.25, "post": 0.3, "serialize": 0.05, "total": 14.4,
     }  # fmt: skip
+
+
+def test_subjects_are_named_by_backend_target_kernel_and_a_precision_other_than_float32() -> None:
+    cuda = {"backend": "onnxruntime", "target": "cuda", "gated_delta_kernel": "GatedDeltaNet"}
+    manifests = [{**cuda, "precision": "fp32"}, {**cuda, "precision": "bf16"}, {**cuda, "precision": "fp32"},
+                 {"backend": "onnxruntime", "target": "cpu", "gated_delta_kernel": "Scan", "precision": "fp32"}]  # fmt: skip
+    assert subject_names(manifests) == [
+        REFERENCE, "onnxruntime/cuda/GatedDeltaNet", "onnxruntime/cuda/GatedDeltaNet/bf16", "onnxruntime/cuda/GatedDeltaNet#3",
+        "onnxruntime/cpu/Scan",
+    ]  # fmt: skip

@@ -32,13 +32,6 @@ def s1omni(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="session")
-def exported(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("export") / "tiny"
-    s1omni("export", str(tiny_vela), "--out", str(out))
-    return out
-
-
-@pytest.fixture(scope="session")
 def engine(exported: Path, tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("engine") / "ort-cpu"
     s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--out", str(out))
@@ -93,6 +86,7 @@ def test_cuda_build_swaps_in_gated_delta_net_and_leaves_the_export_alone(exporte
     [
         (["--target", "cpu", "--gated-delta-kernel", "GatedDeltaNet"], "is for onnxruntime/cuda"),
         (["--target", "cpu", "--precision", "tf32"], "precisions are fp32"),
+        (["--target", "cpu", "--precision", "bf16"], "precisions are fp32"),
     ],
 )
 def test_build_refuses_options_its_target_cannot_honour(exported: Path, tmp_path: Path, args: list[str], message: str) -> None:
@@ -169,16 +163,17 @@ def _cuda_engine_available() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda_engine_available(), reason="needs a CUDA GPU and onnxruntime-gpu (runs on the device)")
-@pytest.mark.parametrize("kernel", ["GatedDeltaNet", "LinearAttention"])
-def test_cuda_engine_agrees_with_the_float32_reference(exported: Path, tiny_vela: Path, tmp_path: Path, kernel: str) -> None:
-    """The ONNX Runtime CUDA engine (TF32, either Gated DeltaNet kernel) against the float32 torch
-    reference on the same GPU (TF32 off).
+@pytest.mark.parametrize(("kernel", "precision"), [("GatedDeltaNet", "fp32"), ("LinearAttention", "fp32"), ("GatedDeltaNet", "bf16")])
+def test_cuda_engine_agrees_with_the_float32_reference(exported: Path, tiny_vela: Path, tmp_path: Path, kernel: str, precision: str) -> None:
+    """The ONNX Runtime CUDA engine (float32 with either Gated DeltaNet kernel, or bfloat16 GEMMs)
+    against the float32 torch reference on the same GPU (TF32 off).
 
     The tiny member's 24 span sets are too few for the gate's 99% rule to allow a single word within
     1e-5 of its threshold to flip (seen once on an H200), so this asserts the rest of the GPU gate.
     """
     engine = tmp_path / "ort-cuda"
-    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", "--gated-delta-kernel", kernel, "--out", str(engine))
+    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", "--gated-delta-kernel", kernel,
+           "--precision", precision, "--out", str(engine))  # fmt: skip
     subprocess.run(
         [sys.executable, "-m", "server.cli", "validate", str(engine), "--package", str(tiny_vela), "--reference",
          str(tmp_path / "reference"), "--reference-device", "cuda", "--report", str(tmp_path / "report.json")],

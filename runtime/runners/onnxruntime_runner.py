@@ -11,8 +11,9 @@ prefix tokens up in the engine's embedding table (the tied embedding, float32) a
 prefix's image features (``Prefix.embeds``) at its placeholders (``Prefix.embed_index``), as the
 reference runner does before its forward; the blocks still go in as token ids.
 
-Float32 weights, activations and state throughout. On CUDA the engine's manifest says whether
-matmuls may use TF32 (``tf32``, held to the GPU gate) or not (``fp32``, held to float32 parity).
+Float32 inputs, outputs and state throughout. On CUDA the engine's manifest says how its matmuls
+run: float32 (``fp32``), on TF32 tensor cores (``tf32``), or with the weight GEMMs in bfloat16
+(``bf16``, rewritten at build time by ``export.bf16_gemms``); every CUDA engine is held to the GPU gate.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="ENG", help="engine directory (default engines/<member>/<backend>/<target>)")
     parser.add_argument(
         "--precision",
-        choices=["fp32", "tf32"],
-        help="onnxruntime/cuda only: fp32 (default; TF32 off) or tf32 (TF32 tensor-core matmuls; float32 weights and state)",
+        choices=["fp32", "tf32", "bf16"],
+        help="onnxruntime/cuda only: fp32 (default; TF32 off), tf32 (TF32 tensor-core matmuls; float32 weights and state) "
+        "or bf16 (weight GEMMs in bfloat16 with float32 accumulation; everything else, the state included, float32)",
     )
     parser.add_argument(
         "--gated-delta-kernel",

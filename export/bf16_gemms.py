@@ -1,0 +1,98 @@
+"""BF16 GEMMs for CUDA builds: every weight matrix multiply runs in bfloat16 on the tensor cores.
+
+A float32 engine's GEMMs run on the H200's CUDA cores (``cutlass_80_simt_sgemm``; most of the 4B and
+9B engines' kernel time, ``benchmarks/h200-*``). ``--precision bf16`` rewrites each ``MatMul`` whose
+second input is a float32 weight matrix: the weight is stored in bfloat16 (rounded to nearest, ties
+to even), the activation is cast to bfloat16 on the way in and the product back to float32 on the
+way out. ONNX Runtime's CUDA ``MatMul`` for bfloat16 is cuBLAS's with bfloat16 operands and result
+and float32 accumulation (``CUBLAS_COMPUTE_32F``; microsoft/onnxruntime:
+onnxruntime/core/providers/cuda/shared_inc/fpgeneric.h), i.e. a torch bfloat16 ``nn.Linear``.
+Everything else stays float32: embeddings, norms, rotary, attention scores, the Gated DeltaNet rule
+and its state, and every input and output of the graphs, so the runner is unchanged.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+BF16_FILE = "weights.bf16.data"
+ALIGNMENT = 65536  # as the export's weights file: offsets ONNX Runtime can memory-map on any page size
+
+
+def bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    """``values`` (finite float32) rounded to bfloat16, nearest with ties to even, as uint16 bit patterns."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    if not np.isfinite(values).all():
+        raise ValueError("bfloat16 rounding: the weights hold a non-finite value")
+    return ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+
+
+class Bf16Weights:
+    """Where the rounded weights go: ``BF16_FILE`` in the engine directory when the export kept its
+    weights outside the graphs (one copy for both graphs), else inside each graph."""
+
+    def __init__(self, source_dir: Path, target_dir: Path):
+        self.source_dir, self.target_dir = source_dir, target_dir
+        self.offsets: dict[tuple[str, ...], int] = {}
+
+    def rounded(self, weight: onnx.TensorProto) -> onnx.TensorProto:
+        bits = bfloat16_bits(numpy_helper.to_array(weight, base_dir=str(self.source_dir)))
+        tensor = helper.make_tensor(weight.name, TensorProto.BFLOAT16, list(weight.dims), bits.tobytes(), raw=True)
+        if weight.data_location != TensorProto.EXTERNAL:
+            return tensor
+        key = tuple(f"{entry.key}={entry.value}" for entry in weight.external_data)  # the export's file and offset
+        if key not in self.offsets:
+            with (self.target_dir / BF16_FILE).open("ab") as data:
+                data.write(b"\0" * (-data.tell() % ALIGNMENT))
+                self.offsets[key] = data.tell()
+                data.write(tensor.raw_data)
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        for name, value in (("location", BF16_FILE), ("offset", self.offsets[key]), ("length", bits.nbytes)):
+            tensor.external_data.add(key=name, value=str(value))
+        return tensor
+
+
+def use_bf16_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
+    """Rewrite ``model`` in place (see the module docstring); returns how many ``MatMul`` nodes now run in
+    bfloat16. A weight also read by any other node is left in float32, and so are its products."""
+    graph = model.graph
+    if any(attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for node in graph.node for attribute in node.attribute):
+        raise ValueError("bf16 GEMMs: the graph has subgraphs (Scan); build from the fused graphs")
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            readers[name].append((node, index))
+    matrices = {
+        tensor.name
+        for tensor in graph.initializer
+        if tensor.data_type == TensorProto.FLOAT
+        and len(tensor.dims) == 2
+        and readers[tensor.name]
+        and all(node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and index == 1 for node, index in readers[tensor.name])
+    }
+    initializers = [weights.rounded(tensor) if tensor.name in matrices else tensor for tensor in graph.initializer]
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    nodes: list[onnx.NodeProto] = []
+    cast_in: set[str] = set()  # activations already cast (q, k, v and the gates read one input)
+    rewritten = 0
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.input[1] not in matrices:
+            nodes.append(node)
+            continue
+        activation, product = node.input[0], node.output[0]
+        if activation not in cast_in:
+            nodes.append(helper.make_node("Cast", [activation], [f"{activation}/bf16"], to=TensorProto.BFLOAT16, name=f"{activation}/to_bf16"))
+            cast_in.add(activation)
+        node.input[0], node.output[0] = f"{activation}/bf16", f"{product}/bf16"
+        nodes += [node, helper.make_node("Cast", [f"{product}/bf16"], [product], to=TensorProto.FLOAT, name=f"{product}/to_fp32")]
+        rewritten += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return rewritten
