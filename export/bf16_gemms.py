@@ -20,8 +20,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .onnx_export import ALIGNMENT
+
 BF16_FILE = "weights.bf16.data"
-ALIGNMENT = 65536  # as the export's weights file: offsets ONNX Runtime can memory-map on any page size
 
 
 def bfloat16_bits(values: np.ndarray) -> np.ndarray:
