@@ -1,4 +1,4 @@
-"""Shared fixtures: a private s1omni home and registry, and synthetic members made once per session."""
+"""Shared fixtures: a private s1omni home and registry, and synthetic members (and the tiny one's export) made once per session."""
 
 from __future__ import annotations
 
