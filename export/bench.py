@@ -29,7 +29,8 @@ from .bench_workloads import REFERENCE, Workload
 PROFILE_ITERATIONS = 5
 MEMBER_KEYS = ("id", "family", "repo", "revision", "model_sha256", "manifest_sha256", "parameters", "weights")
 ENGINE_KEYS = (
-    "backend", "target", "device", "precision", "recurrence", "gated_delta_kernel", "library", "library_version", "provider_options",
+    "backend", "target", "device", "precision", "recurrence", "gated_delta_kernel", "op_fusion", "library", "library_version",
+    "provider_options",
 )  # fmt: skip
 
 
@@ -49,7 +50,7 @@ class Settings:
     concurrency: tuple[int, ...] = (1, 8, 16)
     serve_args: tuple[str, ...] = ()
     profile: str | None = None  # a workload name: profiled on the first engine (the reference without one)
-    allow_unvalidated: bool = False  # in process only; `s1omni serve` refuses such engines
+    allow_unvalidated: bool = False  # in process only: `s1omni serve` refuses such engines, so --http skips them
     registry: str | None = None
     start_timeout_s: float = 900.0
     command: tuple[str, ...] = ()
@@ -68,17 +69,22 @@ def check(settings: Settings, manifests: Sequence[dict[str, Any]]) -> None:
     if settings.http and settings.requests < max(settings.concurrency):
         raise SystemExit("s1omni bench: --requests must be at least the highest --concurrency, so every client runs")
     for path, manifest in zip(settings.engines, manifests, strict=True):
-        if settings.http and not validated(manifest):
-            raise SystemExit(f"s1omni bench: {path} has not passed validation, and `s1omni serve --engine` refuses it")
+        if settings.http and not validated(manifest) and not settings.allow_unvalidated:
+            raise SystemExit(
+                f"s1omni bench: {path} has not passed validation, and `s1omni serve --engine` refuses it "
+                "(--allow-unvalidated times it in process and leaves it out of --http)"
+            )
 
 
 def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
-    """``reference``, then ``backend/target[/kernel][/precision]`` per engine, the precision where it is not
-    float32 (numbered where two engines share one)."""
+    """``reference``, then ``backend/target[/kernel][/precision][/unfused]`` per engine, the precision where
+    it is not float32, ``unfused`` for a CUDA build without op fusion (numbered where two engines share one)."""
     names = [REFERENCE]
     for manifest in manifests:
         precision = manifest.get("precision") if manifest.get("precision") != "fp32" else None
-        name = "/".join(part for part in (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision) if part)
+        unfused = "unfused" if manifest.get("op_fusion") is False and manifest["target"] == "cuda" else None
+        parts = (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision, unfused)
+        name = "/".join(part for part in parts if part)
         names.append(name if name not in names else f"{name}#{len(names)}")
     return names
 
@@ -159,8 +165,11 @@ def release() -> None:
         torch.cuda.empty_cache()
 
 
-def http(settings: Settings, chosen: Workload, names: Sequence[str], record: dict[str, Any]) -> None:
-    """Each subject's server in turn (never two at once: they would share the device and the CPUs)."""
+def http(
+    settings: Settings, chosen: Workload, names: Sequence[str], manifests: Sequence[dict[str, Any]], record: dict[str, Any]
+) -> None:
+    """Each subject's server in turn (never two at once: they would share the device and the CPUs); an
+    engine that missed its gate is not served (``s1omni serve`` refuses it) and is listed as skipped."""
     common = [
         "--device",
         settings.device,
@@ -174,12 +183,18 @@ def http(settings: Settings, chosen: Workload, names: Sequence[str], record: dic
         "warmup": settings.warmup,
         "concurrency": list(settings.concurrency),
         "servers": {},
+        "skipped": {},
         "runs": [],
         "ratios": {},
     }
     record["http"] = section
     sources = [[str(settings.package)], *(["--engine", str(path)] for path in settings.engines)]
-    for index, (name, source) in enumerate(zip(names, sources, strict=True)):
+    servable = [True, *(validated(manifest) for manifest in manifests)]
+    for index, (name, source, serve) in enumerate(zip(names, sources, servable, strict=True)):
+        if not serve:
+            section["skipped"][name] = "missed its gate: s1omni serve refuses it"
+            progress(f"not serving {name}: it missed its gate")
+            continue
         log = settings.out / f"serve-{index}.log"
         progress(f"starting s1omni serve for {name} (log {log})")
         with bench_http.serving(name, [*source, *common], log, settings.start_timeout_s) as server:
@@ -246,7 +261,7 @@ def bench(settings: Settings) -> dict[str, Any]:
         in_process(settings, names, manifests, workloads, profiled, record)
         release()  # the models died with in_process's frame
     if served is not None:
-        http(settings, served, names, record)
+        http(settings, served, names, manifests, record)
     record["finished"] = now()
     record["plot"] = "bench.png"
     bench_record.plot(record, settings.out / record["plot"])

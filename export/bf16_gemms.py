@@ -33,6 +33,28 @@ def bfloat16_bits(values: np.ndarray) -> np.ndarray:
     return ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
 
 
+def _float32_array(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
+    """``tensor``'s float32 values, read from its external data file (relative to ``directory``) if it has one.
+    Read here, not by ``numpy_helper.to_array``: newer onnx refuses a data file with several hard links, and
+    our builds hard-link the export's weights into the engine directories."""
+    if tensor.data_location != TensorProto.EXTERNAL:
+        return numpy_helper.to_array(tensor)
+    if tensor.data_type != TensorProto.FLOAT:
+        raise ValueError(f"bf16 GEMMs: {tensor.name} is not float32")
+    entries = {entry.key: entry.value for entry in tensor.external_data}
+    location = Path(entries["location"])
+    if location.is_absolute() or ".." in location.parts:
+        raise ValueError(f"bf16 GEMMs: {tensor.name}'s data file {location} is outside the model's directory")
+    dims = tuple(tensor.dims)
+    count = int(np.prod(dims, dtype=np.int64))
+    if "length" in entries and int(entries["length"]) != count * 4:
+        raise ValueError(f"bf16 GEMMs: {tensor.name}'s data length does not match its shape {dims}")
+    values = np.fromfile(directory / location, dtype=np.float32, count=count, offset=int(entries.get("offset", 0)))
+    if values.size != count:
+        raise ValueError(f"bf16 GEMMs: {tensor.name}'s data file {location} is too short")
+    return values.reshape(dims)
+
+
 class Bf16Weights:
     """Where the rounded weights go: ``BF16_FILE`` in the engine directory when the export kept its
     weights outside the graphs (one copy for both graphs), else inside each graph."""
@@ -42,7 +64,7 @@ class Bf16Weights:
         self.offsets: dict[tuple[str, ...], int] = {}
 
     def rounded(self, weight: onnx.TensorProto) -> onnx.TensorProto:
-        bits = bfloat16_bits(numpy_helper.to_array(weight, base_dir=str(self.source_dir)))
+        bits = bfloat16_bits(_float32_array(weight, self.source_dir))
         tensor = helper.make_tensor(weight.name, TensorProto.BFLOAT16, list(weight.dims), bits.tobytes(), raw=True)
         if weight.data_location != TensorProto.EXTERNAL:
             return tensor

@@ -10,7 +10,8 @@ execution provider options to run them with:
   ``--gated-delta-kernel`` picks (``export.cuda_kernels``), at ``--precision fp32`` (the default,
   TF32 off), ``tf32`` or ``bf16`` (weight GEMMs in bfloat16, ``export.bf16_gemms``). TF32 matmuls are
   faster but flipped 2 of 24 span sets of the 0.8B synthetic member on the H200, a GPU-gate miss
-  (``benchmarks/h200-0.8B``).
+  (``benchmarks/h200-0.8B-kernels``). Their norms and sigmoids become single ONNX Runtime ops
+  (``export.cuda_fusions``) unless ``--no-op-fusion``.
 
 TensorRT engines carry one plan per portable graph for one compute capability and library version.
 Every engine gets the heads, tokenizer, config, calibration and a manifest that pins them. Files are
@@ -33,6 +34,7 @@ from runtime.engine import read_stage, write_manifest
 from runtime.staging import staged_directory
 
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
+from .cuda_fusions import fuse_norms, fuse_sigmoids
 from .cuda_kernels import KERNELS, use_gated_delta_net
 from .onnx_export import graph_file
 from .patches import RECURRENCES
@@ -95,11 +97,17 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
     return recurrence, files
 
 
-def _graph_rewrites(kernel: str | None, precision: str, recurrence: str, weights: Bf16Weights) -> dict[str, Callable[[onnx.ModelProto], int]]:
-    """What a build rewrites in each backbone graph, in order: the Gated DeltaNet kernel, then the GEMMs' precision."""
+def _graph_rewrites(
+    kernel: str | None, precision: str, recurrence: str, op_fusion: bool, weights: Bf16Weights
+) -> dict[str, Callable[[onnx.ModelProto], int]]:
+    """What a build rewrites in each backbone graph, in order: the Gated DeltaNet kernel, the norms and
+    sigmoids, then the GEMMs' precision."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
     if kernel == "GatedDeltaNet":  # a fused graph (kernel implies fused)
         rewrites["GatedDeltaNet nodes"] = use_gated_delta_net
+    if op_fusion:
+        rewrites["fused norms"] = fuse_norms
+        rewrites["sigmoids"] = fuse_sigmoids
     if precision == "bf16":
         if recurrence != "fused":
             raise SystemExit("s1omni build: --precision bf16 rewrites the fused graphs; export again with --recurrence fused")
@@ -127,9 +135,11 @@ def build(
     out: str | os.PathLike[str] | None = None,
     precision: str | None = None,
     kernel: str | None = None,
+    op_fusion: bool = True,
 ) -> Path:
-    """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``)
-    and ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``export.cuda_kernels.KERNELS``)."""
+    """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
+    ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``export.cuda_kernels.KERNELS``), and
+    ``op_fusion`` (``export.cuda_fusions``)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -147,7 +157,8 @@ def build(
             kernel = kernel or (KERNELS[-1] if target == "cuda" and recurrence == "fused" else None)
             if kernel and (target != "cuda" or recurrence != "fused" or kernel not in KERNELS):
                 raise SystemExit(f"s1omni build: --gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
-            rewrites = _graph_rewrites(kernel, precision, recurrence, Bf16Weights(export_dir, stage))
+            op_fusion = op_fusion and target == "cuda"
+            rewrites = _graph_rewrites(kernel, precision, recurrence, op_fusion, Bf16Weights(export_dir, stage))
             for name, source in files.items():
                 if rewrites and name in BACKBONE_FILES:
                     print(f"build onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...", file=sys.stderr, flush=True)
@@ -167,6 +178,7 @@ def build(
                 "precision": precision,
                 "recurrence": recurrence,
                 "gated_delta_kernel": kernel or ("LinearAttention" if recurrence == "fused" else "Scan"),
+                "op_fusion": op_fusion,
                 "provider_options": ORT_PRECISIONS[target][precision],
             }
         elif backend == "tensorrt":

@@ -114,11 +114,29 @@ def test_server_timing_header() -> None:
     }  # fmt: skip
 
 
-def test_subjects_are_named_by_backend_target_kernel_and_a_precision_other_than_float32() -> None:
-    cuda = {"backend": "onnxruntime", "target": "cuda", "gated_delta_kernel": "GatedDeltaNet"}
+def test_subjects_are_named_by_backend_target_kernel_and_what_is_not_the_default() -> None:
+    cuda = {"backend": "onnxruntime", "target": "cuda", "gated_delta_kernel": "GatedDeltaNet", "op_fusion": True}
     manifests = [{**cuda, "precision": "fp32"}, {**cuda, "precision": "bf16"}, {**cuda, "precision": "fp32"},
-                 {"backend": "onnxruntime", "target": "cpu", "gated_delta_kernel": "Scan", "precision": "fp32"}]  # fmt: skip
+                 {**cuda, "precision": "fp32", "op_fusion": False},
+                 {"backend": "onnxruntime", "target": "cpu", "gated_delta_kernel": "Scan", "precision": "fp32", "op_fusion": False}]  # fmt: skip
     assert subject_names(manifests) == [
         REFERENCE, "onnxruntime/cuda/GatedDeltaNet", "onnxruntime/cuda/GatedDeltaNet/bf16", "onnxruntime/cuda/GatedDeltaNet#3",
-        "onnxruntime/cpu/Scan",
+        "onnxruntime/cuda/GatedDeltaNet/unfused", "onnxruntime/cpu/Scan",
     ]  # fmt: skip
+
+
+def test_an_engine_that_missed_its_gate_is_timed_in_process_and_not_served(exported: Path, tiny_vela: Path, tmp_path: Path) -> None:
+    """A built, never validated engine: refused by ``--http`` alone; with ``--allow-unvalidated`` timed in
+    process beside the reference and left out of the HTTP levels, which say why."""
+    engine = tmp_path / "engine"
+    assert main(["build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--out", str(engine)]) == 0
+    argv = ["bench", "--package", str(tiny_vela), "--engine", str(engine), "--workloads", "backbone", "--tokens", "16",
+            "--requests", "2", "--warmup", "0", "--http", "--http-workload", "noul-default", "--concurrency", "1"]  # fmt: skip
+    with pytest.raises(SystemExit, match="has not passed validation"):
+        main([*argv, "--out", str(tmp_path / "refused")])
+    assert main([*argv, "--allow-unvalidated", "--out", str(tmp_path / "record")]) == 0
+    data = json.loads((tmp_path / "record" / "bench.json").read_text(encoding="utf-8"))
+    name = "onnxruntime/cpu/Scan"
+    assert not data["subjects"][name]["validated"] and list(data["workloads"][0]["results"]) == [REFERENCE, name]
+    assert [run["subject"] for run in data["http"]["runs"]] == [REFERENCE]
+    assert list(data["http"]["servers"]) == [REFERENCE] and data["http"]["skipped"] == {name: "missed its gate: s1omni serve refuses it"}

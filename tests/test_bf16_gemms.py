@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +21,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from export.bf16_gemms import BF16_FILE, Bf16Weights, bfloat16_bits, use_bf16_gemms
 from export.onnx_export import export_model, load_package_backbone
-from runtime.engine import read_manifest, write_manifest
 from runtime.runners.base import text_positions
 from runtime.runners.torch_runner import TorchRunner
+from tests.cuda_builds import build_cuda_engine, validate_on_the_cpu
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +54,8 @@ def _rounded(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
 
 def test_cuda_build_runs_every_weight_gemm_in_bfloat16(exported: Path, tmp_path: Path) -> None:
     engine = tmp_path / "bf16"
-    result = subprocess.run(
-        [sys.executable, "-m", "server.cli", "build", str(exported), "--backend", "onnxruntime", "--target", "cuda",
-         "--precision", "bf16", "--out", str(engine)],
-        capture_output=True, text=True, env=os.environ,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert "prefill.onnx: 3 GatedDeltaNet nodes, 31 bfloat16 GEMMs" in result.stderr
+    progress = build_cuda_engine(exported, engine, "--precision", "bf16")
+    assert "prefill.onnx: 3 GatedDeltaNet nodes, 20 fused norms, 14 sigmoids, 31 bfloat16 GEMMs" in progress
     manifest = json.loads((engine / "manifest.json").read_text())
     assert manifest["precision"] == "bf16" and manifest["gated_delta_kernel"] == "GatedDeltaNet" and manifest["provider_options"]["use_tf32"] == 0
     for graph in ("prefill", "continue"):
@@ -92,6 +85,25 @@ def test_a_large_member_s_matrices_go_to_one_bfloat16_file_for_both_graphs(exter
     assert offsets[0] == offsets[1] and len(offsets[0]) == 31  # the continuation reads the prefill's copies
     last = max(offsets[0])
     assert (tmp_path / BF16_FILE).stat().st_size == last + 2 * offsets[0][last]
+
+
+def test_a_hard_linked_export_is_read(tmp_path: Path) -> None:
+    """A build hard-links the export's ``weights.data`` into the engine, and onnx's own reader refuses a
+    data file with several links; the rounding reads it all the same, and nothing outside the export."""
+    export, engine = tmp_path / "export", tmp_path / "engine"
+    export.mkdir(), engine.mkdir()
+    values = np.random.default_rng(2).standard_normal((16, 8)).astype(np.float32)
+    model = helper.make_model(helper.make_graph([], "weights", [], [], [numpy_helper.from_array(values, "w")]))
+    onnx.save(model, str(export / "graph.onnx"), save_as_external_data=True, location="weights.data", size_threshold=0)
+    os.link(export / "weights.data", engine / "weights.data")
+    weight = onnx.load(str(export / "graph.onnx"), load_external_data=False).graph.initializer[0]
+    rounded = Bf16Weights(export, engine).rounded(weight)
+    assert np.array_equal(_float32(rounded, engine), _rounded(numpy_helper.from_array(values, "w"), export))
+    escaping = onnx.TensorProto()
+    escaping.CopyFrom(weight)
+    escaping.external_data[0].value = "../engine/weights.data"
+    with pytest.raises(ValueError, match="outside"):
+        Bf16Weights(export, engine).rounded(escaping)
 
 
 def _emulated(model: onnx.ModelProto, directory: Path) -> onnx.ModelProto:
@@ -161,27 +173,16 @@ def test_bfloat16_engine_emulated_on_the_cpu_keeps_every_clear_decision(exported
     """The whole engine, answers included, at the GPU gate (its precision is bf16): built for CUDA with the
     LinearAttention kernel (which has a CPU kernel), its graphs emulated, its manifest pointed at the CPU.
 
-    On the tiny member every decision with a clear margin stands, but probabilities move by up to 0.084,
+    On the tiny member every decision with a clear margin stands, but probabilities move by up to 0.085,
     past the gate's 0.02, and 10 of 24 span sets change (labels of near-equal score trade places): the
     figures the README quotes for bfloat16 GEMMs on random weights.
     """
     engine = tmp_path / "bf16"
-    result = subprocess.run(
-        [sys.executable, "-m", "server.cli", "build", str(exported), "--backend", "onnxruntime", "--target", "cuda",
-         "--gated-delta-kernel", "LinearAttention", "--precision", "bf16", "--out", str(engine)],
-        capture_output=True, text=True, env=os.environ,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    build_cuda_engine(exported, engine, "--gated-delta-kernel", "LinearAttention", "--precision", "bf16")
     for graph in ("prefill", "continue"):
         emulated = _emulated(onnx.load(str(engine / f"{graph}.onnx")), engine)
         onnx.save(emulated, str(engine / f"{graph}.onnx"))
-    manifest = read_manifest(engine)
-    write_manifest(engine, {**{k: v for k, v in manifest.items() if k != "files"}, "target": "cpu", "device": "cpu", "provider_options": {}})
-    result = subprocess.run(
-        [sys.executable, "-m", "server.cli", "validate", str(engine), "--package", str(tiny_vela), "--report", str(tmp_path / "report.json")],
-        capture_output=True, text=True, env=os.environ,
-    )  # fmt: skip
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = validate_on_the_cpu(engine, tiny_vela, tmp_path / "report.json")
     summary = report["summary"]
     assert report["gate"]["name"] == "gpu" and summary["layouts_identical"] and summary["usage_identical"]
     same, total = map(int, summary["margin_decisions"].split("/"))

@@ -60,7 +60,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--profile", metavar="WORKLOAD", help="torch profiler capture of this workload (e.g. backbone-600) on the first engine"
     )
     parser.add_argument(
-        "--allow-unvalidated", action="store_true", help="time engines that have not passed validation (in process only)"
+        "--allow-unvalidated", action="store_true", help="time engines that have not passed validation, in process only (--http leaves them out: s1omni serve refuses them)"
     )
     parser.add_argument("--start-timeout", type=float, default=900.0, metavar="S", help="longest wait for a server's /health 200")
     parser.add_argument("--out", metavar="DIR", help="record directory (default bench-records/<package>-<device>-<UTC time>)")

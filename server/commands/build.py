@@ -22,11 +22,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="onnxruntime/cuda only: the contrib op running the fused Gated DeltaNet rule (default GatedDeltaNet, "
         "chunk-parallel; LinearAttention walks tokens one by one and also runs on the CPU)",
     )
+    parser.add_argument(
+        "--no-op-fusion",
+        dest="op_fusion",
+        action="store_false",
+        help="onnxruntime/cuda only: keep the exported graphs' norms and sigmoids op by op "
+        "(by default each becomes one SimplifiedLayerNormalization or Sigmoid, fewer kernel launches)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from export.build import build
 
-    out = build(args.export_dir, args.backend, args.target, args.out, args.precision, args.gated_delta_kernel)
+    out = build(args.export_dir, args.backend, args.target, args.out, args.precision, args.gated_delta_kernel, args.op_fusion)
     print(f"built {args.backend}/{args.target} engine in {out}; validate it with `s1omni validate {out} --package PKG`")
     return 0
