@@ -3,8 +3,11 @@
 Both are ONNX Runtime ``com.microsoft`` contrib ops computing the same gated delta rule (schemas in
 ONNX Runtime 1.31, ``onnxruntime/core/graph/contrib_ops``). ``LinearAttention`` has CPU and CUDA
 kernels, so the exported graphs run (and are validated) everywhere; its CUDA kernel walks the tokens
-one by one. ``GatedDeltaNet`` is CUDA-only (no CPU kernel, so nothing here can run it) and has the
-chunk-parallel prefill kernels. They differ in layout only:
+one by one. ``GatedDeltaNet`` is CUDA-only (no CPU kernel, so nothing here can run it). Its chunked
+tensor-core prefill engine takes float16 inputs only; with these graphs' float32 inputs every call runs
+its sequential engine, one warp per state column (``GatedDeltaNetDecodeWarpKernel``), which still beats
+``LinearAttention`` by 2–29% on the H200 (microsoft/onnxruntime:docs/contrib_ops/cuda/gdn.md, "CUDA
+Engines and Plan Selection"; ``benchmarks/h200-0.8B-kernels``). They differ in layout only:
 
 - activations: ``LinearAttention`` takes ``[B, T, H*D]``; ``GatedDeltaNet``'s rank-4 spelling takes
   ``[B, T, H, D]`` (a ``Reshape`` each way);

@@ -20,7 +20,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--gated-delta-kernel",
         choices=["GatedDeltaNet", "LinearAttention"],
         help="onnxruntime/cuda only: the contrib op running the fused Gated DeltaNet rule (default GatedDeltaNet, "
-        "chunk-parallel; LinearAttention walks tokens one by one and also runs on the CPU)",
+        "a warp per state column for float32 inputs; LinearAttention, slower, also runs on the CPU)",
     )
     parser.add_argument(
         "--no-op-fusion",
