@@ -23,8 +23,10 @@
 # Wall time on the lent H200 (16 cores): synth 0.8B 26 s, 9B 106 s; export 0.8B 170 s, 4B 363 s,
 # 9B 583 s (mostly the exporter's graph passes, not the weights); validate 9B 90 s with a saved
 # reference; bench 9B 255 s. A 9B synth+export outlasts one 600 s call: start it detached
-# (setsid nohup scripts/h200.sh 9B OUT synth,export > LOG 2>&1 &) and poll it from the calls that
-# stage the wheels; the machine keeps it running while calls follow each other.
+# (setsid nohup scripts/h200.sh 9B OUT synth,export > LOG 2>&1 & echo $! > PIDFILE) and poll it from
+# the calls that stage the wheels (kill -0 "$(cat PIDFILE)"; a `pgrep -f` pattern also matches the
+# polling call's own command line, which contains it); the machine keeps it running while calls follow
+# each other. The 0.8B and 4B synth+export run side by side (~460 s for both, ~30 GB of disk).
 set -euo pipefail
 size=${1:?size: 0.8B, 4B or 9B}
 out=${2:?output directory}
