@@ -9,7 +9,6 @@ step, so a run that breaks keeps what it measured; the plot (``bench.png``) is d
 
 from __future__ import annotations
 
-import gc
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -20,10 +19,11 @@ from runtime.api import load_model
 from runtime.engine import load_engine_model, read_manifest, validated
 from runtime.package import detect_family
 from runtime.registry import Registry
+from runtime.runners.torch_runner import release_gpu_memory
 
 from . import bench_http, bench_record, bench_workloads
 from .bench_http import BenchFailed
-from .bench_stats import now, ratios, synchronize
+from .bench_stats import now, ratios
 from .bench_workloads import REFERENCE, Workload
 
 PROFILE_ITERATIONS = 5
@@ -156,15 +156,6 @@ def in_process(
         record["profile"] = profile(profiled, models, settings.warmup)
 
 
-def release() -> None:
-    """Give the in-process models' device memory back before the servers load their own copies."""
-    gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        synchronize()
-        torch.cuda.empty_cache()
-
-
 def http(
     settings: Settings, chosen: Workload, names: Sequence[str], manifests: Sequence[dict[str, Any]], record: dict[str, Any]
 ) -> None:
@@ -259,7 +250,7 @@ def bench(settings: Settings) -> dict[str, Any]:
     }
     if workloads or profiled:
         in_process(settings, names, manifests, workloads, profiled, record)
-        release()  # the models died with in_process's frame
+        release_gpu_memory()  # the models died with in_process's frame; the servers load their own
     if served is not None:
         http(settings, served, names, manifests, record)
     record["finished"] = now()

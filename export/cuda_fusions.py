@@ -34,7 +34,6 @@ class _Index:
     """Producers, consumers, constants and last-dimension sizes of one graph, for pattern matching."""
 
     def __init__(self, graph: onnx.GraphProto):
-        self.producer = {name: node for node in graph.node for name in node.output}
         self.consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
         for node in graph.node:
             for name in node.input:
@@ -47,22 +46,16 @@ class _Index:
             if value.type.tensor_type.HasField("shape")
         }
 
-    def only_consumer(self, node: onnx.NodeProto, op_type: str) -> onnx.NodeProto | None:
-        """The single consumer of ``node``'s output when it is an ``op_type`` and the output is internal."""
+    def only_consumer(self, node: onnx.NodeProto, *op_types: str) -> onnx.NodeProto | None:
+        """The single consumer of ``node``'s output when it is one of ``op_types`` and the output is internal."""
         name = node.output[0]
         users = self.consumers[name]
-        if len(users) == 1 and users[0].op_type == op_type and not users[0].domain and name not in self.outputs:
+        if len(users) == 1 and users[0].op_type in op_types and not users[0].domain and name not in self.outputs:
             return users[0]
         return None
 
-    def made_by(self, name: str, op_type: str) -> onnx.NodeProto | None:
-        node = self.producer.get(name)
-        if node is not None and node.op_type == op_type and not node.domain and len(self.consumers[name]) == 1:
-            return node
-        return None
-
-    def scalar(self, name: str) -> float | None:
-        tensor = self.constants.get(name)
+    def scalar(self, name: str | None) -> float | None:
+        tensor = self.constants.get(name or "")
         if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL:
             return None
         value = numpy_helper.to_array(tensor)
@@ -106,7 +99,7 @@ def _norms(index: _Index, graph: onnx.GraphProto) -> Iterator[tuple[list[onnx.No
         scale = reciprocal and index.only_consumer(reciprocal, "Mul")
         if not (scale and index.reduces_last_axis(reduce) and _other_input(scale, reciprocal.output[0]) == x):
             continue
-        epsilon = index.scalar(_other_input(add, reduce.output[0]) or "")
+        epsilon = index.scalar(_other_input(add, reduce.output[0]))
         size = index.last_dim(x)
         if epsilon is None or size is None:
             continue
@@ -143,12 +136,11 @@ def _sigmoids(index: _Index, graph: onnx.GraphProto) -> Iterator[tuple[list[onnx
         x = negate.input[0]
         exp = index.only_consumer(negate, "Exp")
         add = exp and index.only_consumer(exp, "Add")
-        if not add or index.scalar(_other_input(add, exp.output[0]) or "") != 1.0:
+        if not add or index.scalar(_other_input(add, exp.output[0])) != 1.0:
             continue
-        users = index.consumers[add.output[0]]
-        if len(users) != 1 or users[0].domain or add.output[0] in index.outputs:
+        last = index.only_consumer(add, "Reciprocal", "Div")
+        if last is None:
             continue
-        last = users[0]
         sigmoid = f"{last.output[0]}.sigmoid"
         if last.op_type == "Reciprocal":
             yield [negate, exp, add, last], [helper.make_node("Sigmoid", [x], list(last.output), name=f"{sigmoid}/Sigmoid")]

@@ -47,26 +47,15 @@ def _reference(engine_dir: Path, manifest: dict[str, Any], cases: list[dict[str,
     if package is None:
         raise SystemExit(f"s1omni validate: no reference record in {where}; pass --package PKG to make one")
     from runtime.api import load_model
+    from runtime.runners.torch_runner import release_gpu_memory
 
     model = load_model(package, device=device, precision="fp32")
     if model.identity.model_sha256 != identity["model_sha256"]:
         raise SystemExit(f"s1omni validate: {package} is not the package {engine_dir} was built from")
     make_reference(model, cases, where)
     del model
-    _release_gpu_memory(device)
+    release_gpu_memory()  # before the engine runs beside it
     return load_reference(where)
-
-
-def _release_gpu_memory(device: str) -> None:
-    """Hand the reference's GPU memory back before the engine runs: torch's caching allocator keeps
-    freed blocks, and a 9B float32 engine beside them ran out of memory on the H200 (139 GiB)."""
-    if device.startswith("cuda"):
-        import gc
-
-        import torch
-
-        gc.collect()  # so that no reference cycle keeps the weights alive
-        torch.cuda.empty_cache()
 
 
 def _gate(manifest: dict[str, Any], family: str) -> tuple[str, dict[str, Any]]:

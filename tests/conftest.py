@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests.cli import s1omni
 from tests.members import make_vela_member
 
 # Tests never touch the user's ~/.cache/s1omni: every registry write goes to a session home.
@@ -46,7 +45,5 @@ def tiny_model(tiny_vela: Path):
 def exported(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny member exported as a user does (``s1omni export``: both recurrences, weights inside the graphs)."""
     out = tmp_path_factory.mktemp("export") / "tiny"
-    command = [sys.executable, "-m", "server.cli", "export", str(tiny_vela), "--out", str(out)]
-    result = subprocess.run(command, capture_output=True, text=True, env=os.environ)
-    assert result.returncode == 0, f"s1omni export failed:\n{result.stdout}\n{result.stderr}"
+    s1omni("export", str(tiny_vela), "--out", str(out))
     return out

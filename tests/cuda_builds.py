@@ -4,21 +4,16 @@ validated with the CPU EP (``LinearAttention`` and every rewritten op have CPU k
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from runtime.engine import read_manifest, write_manifest
+from tests.cli import run_s1omni, s1omni
 
 
 def build_cuda_engine(exported: Path, out: Path, *options: str) -> str:
     """``s1omni build EXPORT --backend onnxruntime --target cuda OPTIONS``; returns its progress (stderr)."""
-    command = [sys.executable, "-m", "server.cli", "build", str(exported), "--backend", "onnxruntime", "--target", "cuda"]
-    result = subprocess.run([*command, *options, "--out", str(out)], capture_output=True, text=True, env=os.environ)
-    assert result.returncode == 0, result.stderr
-    return result.stderr
+    return s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", *options, "--out", str(out)).stderr
 
 
 def validate_on_the_cpu(engine: Path, package: Path, report: Path) -> dict[str, Any]:
@@ -26,6 +21,5 @@ def validate_on_the_cpu(engine: Path, package: Path, report: Path) -> dict[str, 
     engine's (its precision decides it). Returns the report."""
     manifest = read_manifest(engine)
     write_manifest(engine, {**{k: v for k, v in manifest.items() if k != "files"}, "target": "cpu", "device": "cpu", "provider_options": {}})
-    command = [sys.executable, "-m", "server.cli", "validate", str(engine), "--package", str(package), "--report", str(report)]
-    subprocess.run(command, capture_output=True, text=True, env=os.environ)
+    run_s1omni("validate", str(engine), "--package", str(package), "--report", str(report))  # a missed gate exits 1
     return json.loads(report.read_text())

@@ -9,9 +9,6 @@ with TensorRT for RTX where it is installed, and the runner refuses that plan on
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,16 +16,11 @@ import pytest
 
 from export.compare_answers import compare
 from runtime.errors import PackageError
+from tests.cli import run_s1omni, s1omni
 from tests.server.serving import Server
 
 CASES = json.loads((Path(__file__).parent.parent / "calib" / "vela2" / "cases.json").read_text(encoding="utf-8"))["cases"]
 SERVED = ("golden", "router-signals-600", "span-windowed-long", "all-kinds-one-row", "mixed-invalid", "cjk")
-
-
-def s1omni(*args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True, env=os.environ)
-    assert result.returncode == 0, f"s1omni {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-    return result
 
 
 @pytest.fixture(scope="session")
@@ -90,10 +82,7 @@ def test_cuda_build_swaps_in_gated_delta_net_and_leaves_the_export_alone(exporte
     ],
 )
 def test_build_refuses_options_its_target_cannot_honour(exported: Path, tmp_path: Path, args: list[str], message: str) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "server.cli", "build", str(exported), "--backend", "onnxruntime", *args, "--out", str(tmp_path / "e")],
-        capture_output=True, text=True, env=os.environ,
-    )  # fmt: skip
+    result = run_s1omni("build", str(exported), "--backend", "onnxruntime", *args, "--out", str(tmp_path / "e"))
     assert result.returncode != 0 and message in result.stderr and not (tmp_path / "e").exists()
 
 
@@ -180,11 +169,8 @@ def test_cuda_engine_agrees_with_the_float32_reference(exported: Path, tiny_vela
     engine = tmp_path / "ort-cuda"
     s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", "--gated-delta-kernel", kernel,
            "--precision", precision, "--out", str(engine))  # fmt: skip
-    subprocess.run(
-        [sys.executable, "-m", "server.cli", "validate", str(engine), "--package", str(tiny_vela), "--reference",
-         str(tmp_path / "reference"), "--reference-device", "cuda", "--report", str(tmp_path / "report.json")],
-        capture_output=True, text=True, env=os.environ,
-    )  # fmt: skip
+    run_s1omni("validate", str(engine), "--package", str(tiny_vela), "--reference", str(tmp_path / "reference"),
+               "--reference-device", "cuda", "--report", str(tmp_path / "report.json"))  # fmt: skip
     report = json.loads((tmp_path / "report.json").read_text())
     summary = report["summary"]
     assert report["gate"]["name"] == "gpu" and summary["layouts_identical"] and summary["usage_identical"]

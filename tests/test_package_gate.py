@@ -15,12 +15,9 @@ from runtime.errors import PackageError
 from runtime.package import verify
 from runtime.registry import Registry
 from runtime.synth import vela2
+from tests.cli import run_s1omni
 
 PINNED_PARAMETERS = {"0.8B": 755_685_699, "4B": 4_213_980_675, "9B": 7_949_850_627}
-
-
-def s1omni(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True, env=os.environ)
 
 
 @pytest.fixture
@@ -34,7 +31,7 @@ def test_verify_accepts_a_synthetic_member(tiny_vela: Path) -> None:
     verified = verify(tiny_vela)
     assert verified.member.name == "vela2-synth-tiny-s0"
     assert verified.details["parameters"] == verified.member.loaded_parameters
-    result = s1omni("verify", str(tiny_vela))
+    result = run_s1omni("verify", str(tiny_vela))
     assert result.returncode == 0, result.stderr
     assert "vela2-synth-tiny-s0@" in result.stdout
 
@@ -46,7 +43,7 @@ def test_flipped_byte_in_a_shard_is_refused(package: Path) -> None:
     shard.write_bytes(bytes(data))
     with pytest.raises(PackageError, match="model-00001-of-00001.safetensors differs"):
         verify(package)
-    result = s1omni("verify", str(package))
+    result = run_s1omni("verify", str(package))
     assert result.returncode != 0 and "model-00001-of-00001.safetensors" in result.stderr
 
 
@@ -76,7 +73,7 @@ def test_unknown_model_name_is_refused_by_name(package: Path) -> None:
     (package / "config.json").write_text(json.dumps(config))
     with pytest.raises(PackageError, match="Vela-2.0-Imaginary-3B"):
         verify(package)
-    result = s1omni("verify", str(package))
+    result = run_s1omni("verify", str(package))
     assert result.returncode != 0 and "Vela-2.0-Imaginary-3B" in result.stderr
 
 
@@ -99,7 +96,7 @@ def test_sha256sums_mismatch_is_refused(package: Path) -> None:
 
 
 def test_members_lists_the_released_members_with_their_revisions() -> None:
-    result = s1omni("members")
+    result = run_s1omni("members")
     assert result.returncode == 0, result.stderr
     expected = {
         "Vela-2.0-0.8B": "a778eb2ae2304cfa72fca7e53a19136dea5be012",
@@ -143,7 +140,7 @@ def test_synth_is_byte_identical_for_the_same_seed(tmp_path: Path) -> None:
 
 def test_synth_cli_writes_the_registry_entry(tmp_path: Path) -> None:
     registry = tmp_path / "registry.json"
-    result = s1omni("synth", "vela2", "--size", "tiny", "--out", str(tmp_path / "m"), "--seed", "3", "--registry", str(registry))
+    result = run_s1omni("synth", "vela2", "--size", "tiny", "--out", str(tmp_path / "m"), "--seed", "3", "--registry", str(registry))
     assert result.returncode == 0, result.stderr
     entry = json.loads(registry.read_text())["members"][0]
     assert entry["name"] == "vela2-synth-tiny-s3" and entry["synthetic"] is True

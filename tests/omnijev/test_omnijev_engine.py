@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ import pytest
 from runtime.errors import PackageError
 from runtime.omnijev.model import OmniJevModel
 from runtime.registry import user_registry
+from tests.cli import s1omni
 from tests.server.serving import Server
 
 CALIB = Path(__file__).resolve().parents[2] / "calib" / "omnijev"
@@ -30,12 +28,6 @@ ANSWERED = ("golden", "choice-options-jpeg", "mixed-twelve-wide", "cjk-emoji")
 # Rounded answers: one unit of the 4th decimal where the float32 values straddle a rounding boundary.
 ROUNDED = 1e-4 + 1e-12
 GATE = 1e-5  # the cpu-fp32 gate, on unrounded values
-
-
-def s1omni(*args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True, env=os.environ)
-    assert result.returncode == 0, f"s1omni {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
-    return result
 
 
 def assert_same_answers(expected: dict[str, Any], got: dict[str, Any], tolerance: float) -> None:

@@ -1,0 +1,19 @@
+"""The ``s1omni`` CLI as a user runs it: ``python -m server.cli`` in a subprocess of this interpreter."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def run_s1omni(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``s1omni ARGS`` and return what it did, whatever its exit status."""
+    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True, env=os.environ)
+
+
+def s1omni(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``s1omni ARGS``, which must succeed."""
+    result = run_s1omni(*args)
+    assert result.returncode == 0, f"s1omni {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result
