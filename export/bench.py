@@ -29,7 +29,7 @@ from .bench_workloads import REFERENCE, Workload
 PROFILE_ITERATIONS = 5
 MEMBER_KEYS = ("id", "family", "repo", "revision", "model_sha256", "manifest_sha256", "parameters", "weights")
 ENGINE_KEYS = (
-    "backend", "target", "device", "precision", "recurrence", "gated_delta_kernel", "op_fusion", "library", "library_version",
+    "backend", "target", "device", "precision", "recurrence", "gated_delta_kernel", "op_fusion", "cuda_graphs", "library", "library_version",
     "provider_options",
 )  # fmt: skip
 
@@ -77,13 +77,15 @@ def check(settings: Settings, manifests: Sequence[dict[str, Any]]) -> None:
 
 
 def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
-    """``reference``, then ``backend/target[/kernel][/precision][/unfused]`` per engine, the precision where
-    it is not float32, ``unfused`` for a CUDA build without op fusion (numbered where two engines share one)."""
+    """``reference``, then ``backend/target[/kernel][/precision][/unfused][/graphs]`` per engine, the precision
+    where it is not float32, ``unfused`` for a CUDA build without op fusion, ``graphs`` for one replaying CUDA
+    graphs (numbered where two engines share one)."""
     names = [REFERENCE]
     for manifest in manifests:
         precision = manifest.get("precision") if manifest.get("precision") != "fp32" else None
         unfused = "unfused" if manifest.get("op_fusion") is False and manifest["target"] == "cuda" else None
-        parts = (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision, unfused)
+        graphs = "graphs" if manifest.get("cuda_graphs") else None
+        parts = (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision, unfused, graphs)
         name = "/".join(part for part in parts if part)
         names.append(name if name not in names else f"{name}#{len(names)}")
     return names

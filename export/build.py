@@ -11,7 +11,9 @@ execution provider options to run them with:
   TF32 off), ``tf32`` or ``bf16`` (weight GEMMs in bfloat16, ``export.bf16_gemms``). TF32 matmuls are
   faster but flipped 2 of 24 span sets of the 0.8B synthetic member on the H200, a GPU-gate miss
   (``benchmarks/h200-0.8B-kernels``). Their norms and sigmoids become single ONNX Runtime ops
-  (``export.cuda_fusions``) unless ``--no-op-fusion``.
+  (``export.cuda_fusions``) unless ``--no-op-fusion``. With ``--cuda-graphs`` the runner replays each
+  shape bucket as a CUDA graph (``runtime.runners.cuda_graphs``): the manifest says so, and validation
+  runs the engine that way.
 
 TensorRT engines carry one plan per portable graph for one compute capability and library version.
 Every engine gets the heads, tokenizer, config, calibration and a manifest that pins them. Files are
@@ -136,10 +138,11 @@ def build(
     precision: str | None = None,
     kernel: str | None = None,
     op_fusion: bool = True,
+    cuda_graphs: bool = False,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
-    ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``export.cuda_kernels.KERNELS``), and
-    ``op_fusion`` (``export.cuda_fusions``)."""
+    ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``export.cuda_kernels.KERNELS``),
+    ``op_fusion`` (``export.cuda_fusions``) and ``cuda_graphs`` (``runtime.runners.cuda_graphs``)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -158,6 +161,8 @@ def build(
             if kernel and (target != "cuda" or recurrence != "fused" or kernel not in KERNELS):
                 raise SystemExit(f"s1omni build: --gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
             op_fusion = op_fusion and target == "cuda"
+            if cuda_graphs and target != "cuda":
+                raise SystemExit("s1omni build: --cuda-graphs is for onnxruntime/cuda")
             rewrites = _graph_rewrites(kernel, precision, recurrence, op_fusion, Bf16Weights(export_dir, stage))
             for name, source in files.items():
                 if rewrites and name in BACKBONE_FILES:
@@ -179,11 +184,14 @@ def build(
                 "recurrence": recurrence,
                 "gated_delta_kernel": kernel or ("LinearAttention" if recurrence == "fused" else "Scan"),
                 "op_fusion": op_fusion,
+                "cuda_graphs": cuda_graphs,
                 "provider_options": ORT_PRECISIONS[target][precision],
             }
         elif backend == "tensorrt":
             from .tensorrt_build import build_plans
 
+            if cuda_graphs:
+                raise SystemExit("s1omni build: --cuda-graphs is for onnxruntime/cuda")
             if precision:
                 raise SystemExit("s1omni build: a TensorRT plan's precision is its graphs' (--precision is for onnxruntime/cuda)")
             if "scan" not in backbone_variants(export_dir):

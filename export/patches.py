@@ -54,9 +54,11 @@ def rows(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``values[b, index[b, t]]`` for ``values`` ``[B, S, H]`` and ``index`` ``[B, T]``.
 
     One ``Gather`` over the flattened rows: an element-wise gather would need a ``[B, T, H]`` index.
+    The row starts are one ``Range`` over shape values: a tensor times the symbolic width would copy
+    the width from the host inside the graph, and ONNX Runtime captures no CUDA graph with such a copy.
     """
     batch, width, hidden = values.shape
-    flat = index + torch.arange(batch, device=index.device)[:, None] * width
+    flat = index + torch.arange(0, batch * width, width, device=index.device)[:, None]
     return torch.index_select(values.reshape(batch * width, hidden), 0, flat.reshape(-1)).reshape(batch, -1, hidden)
 
 

@@ -102,6 +102,7 @@ def engine_runner(path: Path, manifest: dict[str, Any], device: str, embedding: 
             embedding=embedding,
             precision=manifest.get("precision", "fp32"),
             provider_options=manifest.get("provider_options"),
+            cuda_graphs=bool(manifest.get("cuda_graphs")),
         )
     if backend == "tensorrt":
         from .runners.tensorrt_runner import TensorRtRunner

@@ -11,8 +11,8 @@
 #   synth     a synthetic Vela member of SIZE (0.8B, 4B, 9B; random weights, real shapes)
 #   export    its backbone to ONNX, fused Gated DeltaNet graphs only (TensorRT is not run here)
 #   build     ONNX Runtime CUDA engines: one per $KERNELS (GatedDeltaNet, LinearAttention) and $PRECISIONS
-#             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16; tf32; a "/unfused" suffix,
-#             e.g. fp32/unfused, builds with --no-op-fusion)
+#             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16; tf32; suffixes: "/unfused"
+#             builds with --no-op-fusion, "/graphs" with --cuda-graphs, e.g. fp32/graphs)
 #   validate  each engine at the GPU gate against the float32 torch reference on the same GPU
 #   bench     the validated engines against the BF16 torch reference in the same run; over HTTP
 #             too when $HTTP lists concurrency levels (e.g. HTTP=1,8,16); ALLOW_UNVALIDATED=1 times
@@ -45,8 +45,15 @@ variants=()  # kernel:precision
 for kernel in ${kernels//,/ }; do
   for precision in ${precisions//,/ }; do variants+=("$kernel:$precision"); done
 done
-# kernel:precision[/unfused] -> kernel[-precision][-unfused], the precision where it is not fp32
-name() { local p=${1#*:}; local n=${1%:*}; [ "${p%/*}" = fp32 ] || n+="-${p%/*}"; [ "$p" = "${p%/unfused}" ] || n+="-unfused"; echo "$n"; }
+# kernel:precision[/unfused][/graphs] -> kernel[-precision][-unfused][-graphs], the precision where it is not fp32
+has() { [[ "/$1/" == *"/$2/"* ]]; }
+name() {
+  local p=${1#*:} n=${1%:*}
+  [ "${p%%/*}" = fp32 ] || n+="-${p%%/*}"
+  if has "$p" unfused; then n+="-unfused"; fi
+  if has "$p" graphs; then n+="-graphs"; fi
+  echo "$n"
+}
 engine() { echo "$work/engine-$size-$(name "$1")"; }
 
 if wants synth; then
@@ -60,10 +67,11 @@ fi
 if wants build; then
   for variant in "${variants[@]}"; do
     stamp "build onnxruntime/cuda $(name "$variant")"
-    precision=${variant#*:} fusion=()
-    [ "$precision" = "${precision%/unfused}" ] || fusion=(--no-op-fusion)
-    s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "${variant%:*}" --precision "${precision%/unfused}" \
-      "${fusion[@]}" --out "$(engine "$variant")"
+    precision=${variant#*:} flags=()
+    if has "$precision" unfused; then flags+=(--no-op-fusion); fi
+    if has "$precision" graphs; then flags+=(--cuda-graphs); fi
+    s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "${variant%:*}" --precision "${precision%%/*}" \
+      "${flags[@]}" --out "$(engine "$variant")"
   done
 fi
 failed=0

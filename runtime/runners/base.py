@@ -8,7 +8,7 @@ know which runner they got, so a parity failure always points at the backbone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -82,14 +82,17 @@ def text_positions(start: int, length: int) -> np.ndarray:
     return np.broadcast_to(np.arange(start, start + length, dtype=np.int64), (3, length)).copy()
 
 
-def pad_blocks(blocks: Sequence[Block]) -> tuple[np.ndarray, np.ndarray]:
-    """Blocks right-padded with id 0 to the widest (``[N, L]``) and readouts padded with 0 (``[N, R]``).
+def pad_blocks(blocks: Sequence[Block], round_up: Callable[[int], int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks right-padded with id 0 to the widest (``[N, L]``) and readouts padded with 0 (``[N, R]``),
+    both widths rounded up by ``round_up`` where given.
 
     Right padding never changes a real token's hidden state: attention is causal and the Gated
     DeltaNet recurrence runs forward, so padding only follows the readouts.
     """
     width = max(len(block.ids) for block in blocks)
     reads = max(len(block.readouts) for block in blocks)
+    if round_up is not None:
+        width, reads = round_up(width), round_up(reads)
     ids = np.zeros((len(blocks), width), np.int64)
     readouts = np.zeros((len(blocks), max(reads, 1)), np.int64)
     for row, block in enumerate(blocks):

@@ -11,6 +11,13 @@ prefix tokens up in the engine's embedding table (the tied embedding, float32) a
 prefix's image features (``Prefix.embeds``) at its placeholders (``Prefix.embed_index``), as the
 reference runner does before its forward; the blocks still go in as token ids.
 
+With ``cuda_graphs`` (an engine built with ``--cuda-graphs``) both graphs run as CUDA graphs
+(``runtime.runners.cuda_graphs``): prefix widths, block widths and readout counts are rounded up to
+buckets (prefixes padded on the left and masked, blocks and readouts on the right), each shape's
+inputs are copied into its graph's buffers, and the blocks' state rows are gathered straight into
+the continue graph's. A prefix state then lives in its graph's buffers until the next prefill of the
+same shape, which ``continue_blocks`` checks.
+
 Float32 inputs, outputs and state throughout. On CUDA the engine's manifest says how its matmuls
 run: float32 (``fp32``), on TF32 tensor cores (``tf32``), or with the weight GEMMs in bfloat16
 (``bf16``, rewritten at build time by ``export.bf16_gemms``); every CUDA engine is held to the GPU gate.
@@ -27,6 +34,7 @@ import onnxruntime
 from onnx import TensorProto, helper
 
 from .base import Block, Prefix, Tree, pad_blocks, text_positions
+from .cuda_graphs import UNCAPTURED, Graph, GraphedSession, bucket, run_options
 
 GATHER_OPSET = 18
 # A continue call may pad its blocks to at most this many times their tokens; wider spreads split.
@@ -41,6 +49,8 @@ class PrefixState:
     values: list[onnxruntime.OrtValue]  # one per state name, batch-major
     mask: np.ndarray  # int64 [B, P]: 1 where a prefix key is real (prefixes are left-padded)
     starts: np.ndarray  # int64 [B]: the position each prefix's blocks start at
+    graph: Graph | None = None  # the CUDA graph whose buffers hold ``values``
+    graph_run: int = 0  # ``graph.runs`` when they were written
 
 
 def providers(device: str, device_id: int, options: Mapping[str, object]) -> list:
@@ -101,16 +111,27 @@ class OnnxRuntimeRunner:
         embedding: np.ndarray | None = None,
         precision: str = "fp32",
         provider_options: Mapping[str, object] | None = None,
+        cuda_graphs: bool = False,
     ):
         """``embedding`` ``[vocabulary, hidden]``: the table a prefill graph taking ``inputs_embeds`` needs;
-        ``precision`` and ``provider_options``: the engine manifest's (``export.build.ORT_PRECISIONS``)."""
+        ``precision``, ``provider_options`` and ``cuda_graphs``: the engine manifest's (``export.build``).
+        ``cuda_graphs`` on the CPU runs the same bucketed fixed-buffer path with nothing to capture."""
         engine_dir = Path(engine_dir)
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"
         self.precision = precision
         self._device_id = int(str(device).partition(":")[2] or 0)
         chosen = providers(self.device, self._device_id, provider_options or {})
-        self._prefill = onnxruntime.InferenceSession(str(engine_dir / "prefill.onnx"), providers=chosen)
-        self._continue = onnxruntime.InferenceSession(str(engine_dir / "continue.onnx"), providers=chosen)
+        capture = {"enable_cuda_graph": 1} if cuda_graphs and self.device == "cuda" else {}
+        backbone = providers(self.device, self._device_id, {**(provider_options or {}), **capture})
+        self._prefill = onnxruntime.InferenceSession(str(engine_dir / "prefill.onnx"), providers=backbone)
+        self._continue = onnxruntime.InferenceSession(str(engine_dir / "continue.onnx"), providers=backbone)
+        self._graphs = (
+            (GraphedSession(self._prefill, self.device, self._device_id), GraphedSession(self._continue, self.device, self._device_id))
+            if cuda_graphs
+            else None
+        )
+        # A graph-enabled session's runs outside every graph say so (see ``cuda_graphs``).
+        self._uncaptured = run_options(UNCAPTURED) if cuda_graphs else None
         if self.device == "cuda" and "CUDAExecutionProvider" not in self._prefill.get_providers():
             raise RuntimeError("onnxruntime has no CUDA execution provider here (install onnxruntime-gpu)")
         self._embedding = embedding
@@ -124,7 +145,7 @@ class OnnxRuntimeRunner:
         expected = {f"past_{name}" for name in self._names}
         if expected - {value.name for value in self._continue.get_inputs()}:
             raise ValueError(f"{engine_dir}: continue.onnx does not take the state prefill.onnx returns")
-        self._rows = onnxruntime.InferenceSession(row_gather_graph(self._names), providers=chosen)
+        self._rows = onnxruntime.InferenceSession(row_gather_graph(self._names), providers=chosen)  # never captured
 
     def prefill(self, prefix: Prefix) -> PrefixState:
         return self._prefill_batch([prefix])
@@ -150,6 +171,7 @@ class OnnxRuntimeRunner:
 
     def _prefill_batch(self, prefixes: Sequence[Prefix]) -> PrefixState:
         width = max(len(prefix.ids) for prefix in prefixes)
+        width = bucket(width) if self._graphs else width
         ids = np.zeros((len(prefixes), width), np.int64)
         mask = np.zeros((len(prefixes), width), np.int64)
         positions = np.zeros((3, len(prefixes), width), np.int64)
@@ -160,18 +182,22 @@ class OnnxRuntimeRunner:
             ids[row, width - length :] = prefix.ids
             mask[row, width - length :] = 1
             positions[:, row, width - length :] = prefix.positions if prefix.positions is not None else text_positions(0, length)
-        binding = self._prefill.io_binding()
         first = {"input_ids": ids} if self._embedding is None else {"inputs_embeds": embed(self._embedding, prefixes, ids)}
         feeds = {**first, "position_ids": positions, "attention_mask": mask, "readout_index": np.full((len(prefixes), 1), width - 1, np.int64)}
+        starts = np.array([prefix.start for prefix in prefixes], np.int64)
+        graph = self._graphs[0].graph({name: value.shape for name, value in feeds.items()}) if self._graphs else None
+        if graph is not None:
+            graph.run(feeds)
+            values = [graph.outputs[name] for name in self._names]
+            return PrefixState(values=values, mask=mask, starts=starts, graph=graph, graph_run=graph.runs)
+        binding = self._prefill.io_binding()
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         binding.bind_output("hidden", "cpu")  # one readout per row, unused: the blocks' readouts are what counts
         for name in self._names:
             binding.bind_output(name, self.device, self._device_id)
-        self._prefill.run_with_iobinding(binding)
-        values = binding.get_outputs()[1:]
-        starts = np.array([prefix.start for prefix in prefixes], np.int64)
-        return PrefixState(values=values, mask=mask, starts=starts)
+        self._prefill.run_with_iobinding(binding, self._uncaptured)
+        return PrefixState(values=binding.get_outputs()[1:], mask=mask, starts=starts)
 
     def _continue_grouped(self, state: PrefixState, owners: np.ndarray, blocks: Sequence[Block]) -> list[np.ndarray]:
         """``_continue_batch`` over length groups (see ``length_groups``), results in block order."""
@@ -182,26 +208,42 @@ class OnnxRuntimeRunner:
         return out
 
     def _continue_batch(self, state: PrefixState, owners: np.ndarray, blocks: Sequence[Block]) -> list[np.ndarray]:
-        ids, readouts = pad_blocks(blocks)
+        if state.graph is not None and state.graph.runs != state.graph_run:
+            raise RuntimeError("this prefix state was overwritten by a later prefill of the same shape (CUDA graph buffers)")
+        ids, readouts = pad_blocks(blocks, bucket if self._graphs else None)
         width = ids.shape[1]
         positions = (state.starts[owners][:, None] + np.arange(width, dtype=np.int64)[None, :])[None].repeat(3, axis=0)
-        binding = self._continue.io_binding()
         feeds = {"input_ids": ids, "position_ids": positions, "past_mask": state.mask[owners], "readout_index": readouts}
+        graph = None
+        if self._graphs:
+            past = {f"past_{name}": [len(owners), *value.shape()[1:]] for name, value in zip(self._names, state.values, strict=True)}
+            graph = self._graphs[1].graph({**{name: value.shape for name, value in feeds.items()}, **past})
+        if graph is not None:
+            self._owner_rows(state, owners, into=[graph.inputs[name] for name in past])
+            graph.run(feeds)
+            hidden = graph.outputs["hidden"].numpy()
+            return [hidden[row, : len(block.readouts)] for row, block in enumerate(blocks)]
+        binding = self._continue.io_binding()
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         for name, value in zip(self._names, self._owner_rows(state, owners), strict=True):
             binding.bind_ortvalue_input(f"past_{name}", value)
         binding.bind_output("hidden", "cpu")
-        self._continue.run_with_iobinding(binding)
+        self._continue.run_with_iobinding(binding, self._uncaptured)
         hidden = binding.copy_outputs_to_cpu()[0]
         return [hidden[row, : len(block.readouts)] for row, block in enumerate(blocks)]
 
-    def _owner_rows(self, state: PrefixState, owners: np.ndarray) -> list[onnxruntime.OrtValue]:
-        """Each block's row of every state tensor, gathered where the state lives."""
+    def _owner_rows(
+        self, state: PrefixState, owners: np.ndarray, into: Sequence[onnxruntime.OrtValue] | None = None
+    ) -> list[onnxruntime.OrtValue]:
+        """Each block's row of every state tensor, gathered where the state lives (into the buffers ``into``, if given)."""
         binding = self._rows.io_binding()
         binding.bind_cpu_input("index", owners)
         for i, value in enumerate(state.values):
             binding.bind_ortvalue_input(f"state.{i}", value)
-            binding.bind_output(f"gathered.{i}", self.device, self._device_id)
+            if into is None:
+                binding.bind_output(f"gathered.{i}", self.device, self._device_id)
+            else:
+                binding.bind_ortvalue_output(f"gathered.{i}", into[i])
         self._rows.run_with_iobinding(binding)
         return binding.get_outputs()

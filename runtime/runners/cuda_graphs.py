@@ -1,0 +1,130 @@
+"""Fixed-shape runs of an ONNX Runtime session, replayed as CUDA graphs on the CUDA EP.
+
+With ``enable_cuda_graph`` the CUDA EP records a session run as one CUDA graph per ``gpu_graph_id``
+run option and replays it on later runs with that id, one launch instead of thousands
+(microsoft/onnxruntime:docs/execution-providers/CUDA-ExecutionProvider.md, "Using CUDA Graphs";
+the run option is ``kOrtRunOptionsConfigCudaGraphAnnotation`` in
+include/onnxruntime/core/session/onnxruntime_run_options_config_keys.h). A replay reads and writes the
+addresses of its capture, so each graph owns a buffer per input and output, inputs are copied into
+them in place, and shapes must repeat: callers round their widths up with ``bucket`` so a few graphs
+serve every request. Every run of such a session names a graph id, or -1 for a run outside any
+graph; a run naming none would capture the default graph and replay it at the wrong shapes.
+
+The CUDA EP counts the ordinary runs it wants before a capture per session, not per graph id
+(``IncrementRegularRunCountBeforeGraphCapture`` and ``min_num_runs_before_cuda_graph_capture_`` in
+microsoft/onnxruntime:onnxruntime/core/providers/cuda/cuda_execution_provider.h): once a session has
+run, each new id is captured on its first run. A shape needing more arena memory than any before
+then allocates inside the capture, which CUDA refuses (error 901, seen on the 4B member's
+6,942-token case). So a graph's first run is preceded by ``WARMUP_RUNS`` runs outside any graph at
+its shapes, which leave that memory in the arena.
+
+On the CPU EP the same fixed-buffer runs happen with nothing to capture, which is how tests check
+the padding and the buffer handling without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime
+
+GRAPH_ID = "gpu_graph_id"
+UNCAPTURED = -1
+# Widths above 8 round up to a multiple of 1/8 of their octave: at most 12.5% padding, eight graphs an octave.
+OCTAVE_SHIFT = 3
+# Graphs per session: each keeps its buffers (and the EP its captured graph) for the session's life,
+# so shapes beyond these run outside any graph.
+MAX_GRAPHS = 48
+# Ordinary runs before a graph's capture: the EP's own minimum (the second run can still allocate).
+WARMUP_RUNS = 2
+
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(int64)": np.int64}
+
+
+def bucket(width: int) -> int:
+    """``width`` rounded up to one of 1..16, 18, 20, ..32, 36, 40, ..64, 72, ...: steps of 1/8 of an octave."""
+    step = 1 << max((width - 1).bit_length() - 1 - OCTAVE_SHIFT, 0)
+    return -(-max(width, 1) // step) * step
+
+
+@dataclass
+class Graph:
+    """One captured shape of a session: its buffers, its binding and its id."""
+
+    session: onnxruntime.InferenceSession
+    graph_id: int
+    inputs: dict[str, onnxruntime.OrtValue]
+    outputs: dict[str, onnxruntime.OrtValue]
+    binding: onnxruntime.IOBinding
+    options: onnxruntime.RunOptions
+    runs: int = 0  # how many times its outputs were overwritten
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Copy ``feeds`` into their buffers (the other inputs were written in place) and replay
+        (on the first run: warm up, capture, replay)."""
+        for name, value in feeds.items():
+            self.inputs[name].update_inplace(np.ascontiguousarray(value))
+        if self.runs == 0:
+            for _ in range(WARMUP_RUNS):
+                self.session.run_with_iobinding(self.binding, run_options(UNCAPTURED))
+        self.session.run_with_iobinding(self.binding, self.options)
+        self.runs += 1
+
+
+@dataclass
+class GraphedSession:
+    """A session whose runs go through one ``Graph`` per set of input shapes, ``MAX_GRAPHS`` at most."""
+
+    session: onnxruntime.InferenceSession
+    device: str
+    device_id: int
+    graphs: dict[tuple, Graph] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._inputs = {value.name: value for value in self.session.get_inputs()}
+        self._outputs = self.session.get_outputs()
+
+    def graph(self, shapes: Mapping[str, Sequence[int]]) -> Graph | None:
+        """The graph for inputs of these ``shapes`` (every input named), made on first use; None past ``MAX_GRAPHS``."""
+        key = tuple(sorted((name, tuple(shape)) for name, shape in shapes.items()))
+        found = self.graphs.get(key)
+        if found is not None or len(self.graphs) >= MAX_GRAPHS:
+            return found
+        sizes = self._dimension_sizes(shapes)
+        inputs = {name: self._buffer(self._inputs[name].type, shape) for name, shape in shapes.items()}
+        outputs = {
+            value.name: self._buffer(value.type, [dim if isinstance(dim, int) else sizes[dim] for dim in value.shape])
+            for value in self._outputs
+        }
+        binding = self.session.io_binding()
+        for name, value in inputs.items():
+            binding.bind_ortvalue_input(name, value)
+        for name, value in outputs.items():
+            binding.bind_ortvalue_output(name, value)
+        graph_id = len(self.graphs) + 1  # 0 is the EP's own default id
+        self.graphs[key] = graph = Graph(self.session, graph_id, inputs, outputs, binding, run_options(graph_id))
+        return graph
+
+    def _dimension_sizes(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+        """The size of every named dimension, read off the inputs (outputs share their names)."""
+        sizes: dict[str, int] = {}
+        for name, shape in shapes.items():
+            declared = self._inputs[name].shape
+            if len(declared) != len(shape):
+                raise ValueError(f"{name}: {len(shape)} dimensions given, the graph takes {len(declared)}")
+            for dim, size in zip(declared, shape, strict=True):
+                if isinstance(dim, str) and sizes.setdefault(dim, size) != size:
+                    raise ValueError(f"dimension {dim!r} is {sizes[dim]} and {size} in the same run")
+        return sizes
+
+    def _buffer(self, onnx_type: str, shape: Sequence[int]) -> onnxruntime.OrtValue:
+        return onnxruntime.OrtValue.ortvalue_from_shape_and_type(list(shape), _NUMPY_TYPES[onnx_type], self.device, self.device_id)
+
+
+def run_options(graph_id: int) -> onnxruntime.RunOptions:
+    """Run options naming the CUDA graph a run captures or replays (``UNCAPTURED``: none)."""
+    options = onnxruntime.RunOptions()
+    options.add_run_config_entry(GRAPH_ID, str(graph_id))
+    return options
