@@ -126,13 +126,21 @@ def test_each_graph_warms_up_outside_any_graph_before_its_capture(graphed_engine
     assert session.graph_ids == [-1, -1, 1, 1, -1, -1, 2, 1]
 
 
-def test_shapes_past_the_graph_limit_run_outside_any_graph(graphed_engine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cuda_graphs, "MAX_GRAPHS", 1)
+@pytest.mark.parametrize(
+    ("limit", "value", "graphs"), [("MAX_GRAPHS", 1, 1), ("MAX_GRAPH_BYTES", 0, 0), ("MAX_SESSION_GRAPH_BYTES", 0, 0)]
+)
+def test_shapes_past_the_graph_limits_run_outside_any_graph(
+    graphed_engine: Path, monkeypatch: pytest.MonkeyPatch, limit: str, value: int, graphs: int
+) -> None:
+    """Past the number of graphs or the bytes their buffers may take (one's, or all of a session's), runs
+    still answer, uncaptured."""
+    monkeypatch.setattr(cuda_graphs, limit, value)
     plain = OnnxRuntimeRunner(graphed_engine, device="cpu")
     graphed = OnnxRuntimeRunner(graphed_engine, device="cpu", cuda_graphs=True)
     for seed in (5, 6):
         _assert_same(graphed.run(_trees(seed)), plain.run(_trees(seed)))
-    assert [len(session.graphs) for session in graphed._graphs] == [1, 1]
+    assert [len(session.graphs) for session in graphed._graphs] == [graphs, graphs]
+    assert all(session.buffer_bytes <= cuda_graphs.MAX_SESSION_GRAPH_BYTES for session in graphed._graphs)
 
 
 def test_graphed_engine_answers_as_the_reference_on_the_cpu(exported: Path, tiny_vela: Path, tmp_path: Path) -> None:

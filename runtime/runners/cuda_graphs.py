@@ -34,9 +34,14 @@ GRAPH_ID = "gpu_graph_id"
 UNCAPTURED = -1
 # Widths above 8 round up to a multiple of 1/8 of their octave: at most 12.5% padding, eight graphs an octave.
 OCTAVE_SHIFT = 3
-# Graphs per session: each keeps its buffers (and the EP its captured graph) for the session's life,
-# so shapes beyond these run outside any graph.
+# Each graph keeps its buffers (and the EP its captured graph) for the session's life, so a session
+# holds this many graphs at most, each with buffers of at most MAX_GRAPH_BYTES, and all of them at most
+# MAX_SESSION_GRAPH_BYTES; other shapes run outside any graph. Large shapes lose little that way: a
+# graph saves a fixed few ms of launches, while a merged batch's per-block copies of its prefix state
+# (~20 MB a row for the 0.8B member, more for a long prefix's keys and values) would pin gigabytes.
 MAX_GRAPHS = 48
+MAX_GRAPH_BYTES = 1 << 30  # the 0.8B member's router request: ~0.6 GB of continue buffers
+MAX_SESSION_GRAPH_BYTES = 8 << 30
 # Ordinary runs before a graph's capture: the EP's own minimum (the second run can still allocate).
 WARMUP_RUNS = 2
 
@@ -75,29 +80,33 @@ class Graph:
 
 @dataclass
 class GraphedSession:
-    """A session whose runs go through one ``Graph`` per set of input shapes, ``MAX_GRAPHS`` at most."""
+    """A session whose runs go through one ``Graph`` per set of input shapes, within the limits above."""
 
     session: onnxruntime.InferenceSession
     device: str
     device_id: int
     graphs: dict[tuple, Graph] = field(default_factory=dict)
+    buffer_bytes: int = 0  # what the graphs' buffers take
 
     def __post_init__(self) -> None:
         self._inputs = {value.name: value for value in self.session.get_inputs()}
         self._outputs = self.session.get_outputs()
 
     def graph(self, shapes: Mapping[str, Sequence[int]]) -> Graph | None:
-        """The graph for inputs of these ``shapes`` (every input named), made on first use; None past ``MAX_GRAPHS``."""
+        """The graph for inputs of these ``shapes`` (every input named), made on first use; None past the limits."""
         key = tuple(sorted((name, tuple(shape)) for name, shape in shapes.items()))
         found = self.graphs.get(key)
         if found is not None or len(self.graphs) >= MAX_GRAPHS:
             return found
         sizes = self._dimension_sizes(shapes)
-        inputs = {name: self._buffer(self._inputs[name].type, shape) for name, shape in shapes.items()}
-        outputs = {
-            value.name: self._buffer(value.type, [dim if isinstance(dim, int) else sizes[dim] for dim in value.shape])
-            for value in self._outputs
-        }
+        types = {value.name: value.type for value in self._outputs} | {name: self._inputs[name].type for name in shapes}
+        output_shapes = {value.name: [dim if isinstance(dim, int) else sizes[dim] for dim in value.shape] for value in self._outputs}
+        wanted = sum(_nbytes(types[name], shape) for name, shape in {**shapes, **output_shapes}.items())
+        if wanted > MAX_GRAPH_BYTES or self.buffer_bytes + wanted > MAX_SESSION_GRAPH_BYTES:
+            return None
+        self.buffer_bytes += wanted
+        inputs = {name: self._buffer(types[name], shape) for name, shape in shapes.items()}
+        outputs = {name: self._buffer(types[name], shape) for name, shape in output_shapes.items()}
         binding = self.session.io_binding()
         for name, value in inputs.items():
             binding.bind_ortvalue_input(name, value)
@@ -121,6 +130,10 @@ class GraphedSession:
 
     def _buffer(self, onnx_type: str, shape: Sequence[int]) -> onnxruntime.OrtValue:
         return onnxruntime.OrtValue.ortvalue_from_shape_and_type(list(shape), _NUMPY_TYPES[onnx_type], self.device, self.device_id)
+
+
+def _nbytes(onnx_type: str, shape: Sequence[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(_NUMPY_TYPES[onnx_type]).itemsize
 
 
 def run_options(graph_id: int) -> onnxruntime.RunOptions:
