@@ -146,6 +146,8 @@ def build(
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
+    if cuda_graphs and (backend, target) != ("onnxruntime", "cuda"):
+        raise SystemExit("s1omni build: --cuda-graphs is for onnxruntime/cuda")
     record: dict[str, Any]
     with staged_directory(out) as stage:
         if backend == "onnxruntime":
@@ -161,8 +163,6 @@ def build(
             if kernel and (target != "cuda" or recurrence != "fused" or kernel not in KERNELS):
                 raise SystemExit(f"s1omni build: --gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
             op_fusion = op_fusion and target == "cuda"
-            if cuda_graphs and target != "cuda":
-                raise SystemExit("s1omni build: --cuda-graphs is for onnxruntime/cuda")
             rewrites = _graph_rewrites(kernel, precision, recurrence, op_fusion, Bf16Weights(export_dir, stage))
             for name, source in files.items():
                 if rewrites and name in BACKBONE_FILES:
@@ -190,8 +190,6 @@ def build(
         elif backend == "tensorrt":
             from .tensorrt_build import build_plans
 
-            if cuda_graphs:
-                raise SystemExit("s1omni build: --cuda-graphs is for onnxruntime/cuda")
             if precision:
                 raise SystemExit("s1omni build: a TensorRT plan's precision is its graphs' (--precision is for onnxruntime/cuda)")
             if "scan" not in backbone_variants(export_dir):

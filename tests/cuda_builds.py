@@ -7,8 +7,24 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from runtime.engine import read_manifest, write_manifest
 from tests.cli import run_s1omni, s1omni
+
+
+def cuda_engine_available() -> bool:
+    """A CUDA GPU torch sees and ONNX Runtime's CUDA EP (onnxruntime-gpu): the device, not CI."""
+    try:
+        import onnxruntime
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available() and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+# The GPU tests: marked ``gpu`` (``pytest -m gpu`` on the device) and skipped, saying why, elsewhere.
+needs_cuda = pytest.mark.skipif(not cuda_engine_available(), reason="needs a CUDA GPU and onnxruntime-gpu (runs on the device)")
 
 
 def build_cuda_engine(exported: Path, out: Path, *options: str) -> str:

@@ -15,7 +15,7 @@ from runtime.runners import cuda_graphs
 from runtime.runners.base import Block, Prefix, Tree, text_positions
 from runtime.runners.cuda_graphs import GRAPH_ID, GraphedSession, bucket
 from runtime.runners.onnxruntime_runner import OnnxRuntimeRunner
-from tests.cuda_builds import build_cuda_engine, validate_on_the_cpu
+from tests.cuda_builds import build_cuda_engine, needs_cuda, validate_on_the_cpu
 
 
 @pytest.fixture(scope="module")
@@ -155,15 +155,8 @@ def test_graphed_engine_answers_as_the_reference_on_the_cpu(exported: Path, tiny
     assert summary["max_probability"] <= 1e-5 and summary["max_score"] <= 1e-5, summary
 
 
-def _cuda_available() -> bool:
-    import onnxruntime
-    import torch
-
-    return torch.cuda.is_available() and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU and onnxruntime-gpu (runs on the device)")
+@needs_cuda
 def test_replays_read_new_inputs_on_the_gpu(exported: Path, tmp_path: Path) -> None:
     """Captured once, replayed with new tokens in the same shapes: the graphs read their buffers anew
     each replay and agree with the plain CUDA runs (float32; kernels may differ with the padded shapes)."""

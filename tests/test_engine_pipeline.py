@@ -17,6 +17,7 @@ import pytest
 from export.compare_answers import compare
 from runtime.errors import PackageError
 from tests.cli import run_s1omni, s1omni
+from tests.cuda_builds import needs_cuda
 from tests.server.serving import Server
 
 CASES = json.loads((Path(__file__).parent.parent / "calib" / "vela2" / "cases.json").read_text(encoding="utf-8"))["cases"]
@@ -142,15 +143,6 @@ def test_tensorrt_plan_builds_ahead_of_time_and_is_refused_here(exported: Path, 
         TensorRtRunner.load(out, manifest)
 
 
-def _cuda_engine_available() -> bool:
-    try:
-        import onnxruntime
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available() and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-
-
 # The largest probability difference each precision keeps to: the gate's for float32; for bfloat16
 # GEMMs what their rounding does to the tiny random-weight member, whose labels sit close together
 # (its graph emulated on the CPU, bfloat16 values carried in float32, misses the gate's 0.02 at 0.085).
@@ -158,7 +150,7 @@ MAX_PROBABILITY = {"fp32": 0.02, "bf16": 0.1}
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _cuda_engine_available(), reason="needs a CUDA GPU and onnxruntime-gpu (runs on the device)")
+@needs_cuda
 @pytest.mark.parametrize(
     ("kernel", "precision", "options"),
     [("GatedDeltaNet", "fp32", []), ("LinearAttention", "fp32", []), ("GatedDeltaNet", "bf16", []), ("GatedDeltaNet", "fp32", ["--cuda-graphs"])],

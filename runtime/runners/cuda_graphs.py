@@ -56,10 +56,9 @@ def bucket(width: int) -> int:
 
 @dataclass
 class Graph:
-    """One captured shape of a session: its buffers, its binding and its id."""
+    """One captured shape of a session: its buffers, its binding and the run options naming it."""
 
     session: onnxruntime.InferenceSession
-    graph_id: int
     inputs: dict[str, onnxruntime.OrtValue]
     outputs: dict[str, onnxruntime.OrtValue]
     binding: onnxruntime.IOBinding
@@ -113,7 +112,7 @@ class GraphedSession:
         for name, value in outputs.items():
             binding.bind_ortvalue_output(name, value)
         graph_id = len(self.graphs) + 1  # 0 is the EP's own default id
-        self.graphs[key] = graph = Graph(self.session, graph_id, inputs, outputs, binding, run_options(graph_id))
+        self.graphs[key] = graph = Graph(self.session, inputs, outputs, binding, run_options(graph_id))
         return graph
 
     def _dimension_sizes(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:

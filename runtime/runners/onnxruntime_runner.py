@@ -222,15 +222,15 @@ class OnnxRuntimeRunner:
             self._owner_rows(state, owners, into=[graph.inputs[name] for name in past])
             graph.run(feeds)
             hidden = graph.outputs["hidden"].numpy()
-            return [hidden[row, : len(block.readouts)] for row, block in enumerate(blocks)]
-        binding = self._continue.io_binding()
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, value)
-        for name, value in zip(self._names, self._owner_rows(state, owners), strict=True):
-            binding.bind_ortvalue_input(f"past_{name}", value)
-        binding.bind_output("hidden", "cpu")
-        self._continue.run_with_iobinding(binding, self._uncaptured)
-        hidden = binding.copy_outputs_to_cpu()[0]
+        else:
+            binding = self._continue.io_binding()
+            for name, value in feeds.items():
+                binding.bind_cpu_input(name, value)
+            for name, value in zip(self._names, self._owner_rows(state, owners), strict=True):
+                binding.bind_ortvalue_input(f"past_{name}", value)
+            binding.bind_output("hidden", "cpu")
+            self._continue.run_with_iobinding(binding, self._uncaptured)
+            hidden = binding.copy_outputs_to_cpu()[0]
         return [hidden[row, : len(block.readouts)] for row, block in enumerate(blocks)]
 
     def _owner_rows(
