@@ -226,8 +226,8 @@ def bench(settings: Settings) -> dict[str, Any]:
     workloads = bench_workloads.resolve(settings.workloads, settings.tokens, family)
     profiled = bench_workloads.named(settings.profile, family) if settings.profile else None
     served = bench_workloads.named(settings.http_workload, family) if settings.http else None
-    if served is not None and served.body is None:
-        raise SystemExit("s1omni bench: --http-workload must be a request (router, long-span or a case name)")
+    if served is not None and (served.body is None or served.copies > 1):
+        raise SystemExit("s1omni bench: --http-workload must be one request (router, long-span or a case name; the clients merge)")
     names = subject_names(manifests)
     settings.out.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {

@@ -5,7 +5,9 @@ block of ``BLOCK_TOKENS`` tokens continuing from its state (``runner.run`` = pre
 hidden states read back at the block's last token). Every other workload is a calibration case
 answered through ``model.answer`` (planning, runner, heads, finishing): ``router`` is the
 router-signal request (six questions, all five kinds, about 600 tokens of text), ``long-span`` the
-windowed long span request, and any case name of ``calib/<family>/cases.json`` works too. For
+windowed long span request, and any case name of ``calib/<family>/cases.json`` works too.
+``NAME@N`` (``router@16``) is N copies of that request planned, run in one ``model.execute`` and
+finished: the forward the server runs for N requests that arrive together, without HTTP. For
 OmniJev, ``screenshot-N`` is one choice question with N options about a 1600x900 screenshot
 (``screenshot`` expands to 1, 12 and 255 options, the reference's own speed cases).
 """
@@ -31,6 +33,7 @@ from .bench_stats import now, ratios, summarize, time_calls, to_ms
 CALIB = Path(__file__).resolve().parent.parent / "calib"
 BACKBONE = re.compile(r"backbone-(\d+)")
 SCREENSHOT = re.compile(r"screenshot-(\d+)")
+MERGED = re.compile(r"(.+)@([1-9]\d*)")
 SCREENSHOT_SIZE = (1600, 900)
 SCREENSHOT_OPTIONS = (1, 12, 255)
 ALIASES = {"router": "router-signals-600", "long-span": "span-windowed-long"}
@@ -46,14 +49,21 @@ class Workload:
     facts: dict[str, Any]  # what the record says was run
     tree: Tree | None = None  # backbone workloads
     body: dict[str, Any] | None = None  # request workloads
+    copies: int = 1  # requests merged into one forward
 
     def call(self, model: Any) -> Callable[[], Any]:
-        """One request of this workload on ``model``, as a zero-argument call."""
+        """One call of this workload on ``model``, as a zero-argument call: a runner call, or the responses
+        to ``copies`` requests (one plan each, one ``execute`` for all, then finished each)."""
         if self.tree is not None:
             runner, trees = model.runner, [self.tree]
             return lambda: runner.run(trees)
-        body = self.body
-        return lambda: model.answer(body)
+        body, copies = self.body, self.copies
+
+        def answers() -> list[dict[str, Any]]:
+            plans = [model.plan(body) for _ in range(copies)]
+            return [model.finish(plan, outputs) for plan, outputs in zip(plans, model.execute(plans), strict=True)]
+
+        return answers
 
 
 def backbone(tokens: int) -> Workload:
@@ -105,7 +115,16 @@ def cases(family: str) -> dict[str, dict[str, Any]]:
 
 
 def named(name: str, family: str) -> Workload:
-    """``backbone-N``, ``screenshot-N`` (OmniJev), or a calibration case by its name or alias (``router``, ``long-span``)."""
+    """``backbone-N``, ``screenshot-N`` (OmniJev), a calibration case by its name or alias (``router``,
+    ``long-span``), or one of those requests ``@N``."""
+    found = MERGED.fullmatch(name)
+    if found:
+        single = named(found.group(1), family)
+        if single.body is None:
+            raise SystemExit(f"s1omni bench: {name!r}: only requests merge (@N), not backbone-N")
+        copies = int(found.group(2))
+        facts = {**single.facts, "call": "model.execute of N plans, then model.finish each", "merged_requests": copies}
+        return Workload(name, facts, body=single.body, copies=copies)
     found = BACKBONE.fullmatch(name)
     if found:
         return backbone(int(found.group(1)))
@@ -149,7 +168,7 @@ def measure(
     for name, model in subjects.items():
         call = workload.call(model)
         first = call()  # the feasibility call: excluded from the samples, its answers checked
-        errors = answer_errors(first) if workload.body is not None else None
+        errors = sum(map(answer_errors, first)) if workload.body is not None else None
         samples, wall = time_calls(call, requests, warmup)
         summary = summarize(to_ms(samples), wall)
         entry["results"][name] = {**summary, "feasibility": 1, "warmup": warmup, "answer_errors": errors}

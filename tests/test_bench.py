@@ -12,7 +12,7 @@ import pytest
 from export.bench import http_ratios, subject_names
 from export.bench_http import server_timing
 from export.bench_stats import nearest_rank, ratios, summarize
-from export.bench_workloads import REFERENCE, backbone, measure
+from export.bench_workloads import REFERENCE, backbone, measure, named
 from server.cli import main
 
 STAGES = {"parse", "tokenize", "queue", "forward", "post", "serialize", "total"}
@@ -36,7 +36,7 @@ def check_summary(summary: dict, count: int) -> None:
 @pytest.fixture(scope="module")
 def record(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("bench")
-    argv = ["bench", "--package", str(tiny_vela), "--workloads", "backbone,noul-default", "--tokens", "32",
+    argv = ["bench", "--package", str(tiny_vela), "--workloads", "backbone,noul-default,noul-default@2", "--tokens", "32",
             "--requests", "3", "--warmup", "1", "--profile", "backbone-32",
             "--http", "--http-workload", "noul-default", "--concurrency", "1,2", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
@@ -54,10 +54,12 @@ def test_record_structure(record: tuple[dict, Path]) -> None:
     assert data["member"]["id"] == "vela2-synth-tiny-s0"
     reference = data["subjects"][REFERENCE]
     assert (reference["runner"], reference["device"], reference["precision"]) == ("torch", "cpu", "fp32")
-    assert [entry["name"] for entry in data["workloads"]] == ["backbone-32", "noul-default"]
-    first = data["workloads"][0]
+    assert [entry["name"] for entry in data["workloads"]] == ["backbone-32", "noul-default", "noul-default@2"]
+    first, single, merged = data["workloads"]
     assert (first["prefix_tokens"], first["block_tokens"], first["input_tokens"]) == (32, 8, 40)
-    assert data["workloads"][1]["input_tokens"] > 0 and data["workloads"][1]["results"][REFERENCE]["answer_errors"] == 0
+    assert single["input_tokens"] > 0 and single["results"][REFERENCE]["answer_errors"] == 0
+    assert merged["merged_requests"] == 2 and merged["input_tokens"] == single["input_tokens"]
+    assert merged["results"][REFERENCE]["answer_errors"] == 0
     assert data["profile"]["workload"] == "backbone-32" and data["profile"]["subject"] == REFERENCE
     assert data["profile"]["wall_ms"] > 0 and data["profile"]["operators"] and data["profile"]["kernel_ms"] is None
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -81,6 +83,21 @@ def test_http_runs(record: tuple[dict, Path]) -> None:
         assert set(run["server_timing_median_ms"]) == STAGES
         # Each response's server time lies inside its client time, so the medians keep that order.
         assert run["server_timing_median_ms"]["total"] <= run["p50_ms"] and run["client_minus_server_median_ms"] >= 0
+
+
+def test_merged_requests_answer_as_one_request_each(tiny_model) -> None:
+    merged = named("noul-default@3", "vela2")
+    single = named("noul-default", "vela2")
+    assert merged.copies == 3 and merged.body == single.body
+    alone = tiny_model.answer(single.body)
+    responses = merged.call(tiny_model)()
+    assert len(responses) == 3
+    for response in responses:
+        assert response["answers"] == alone["answers"] and response["usage"] == alone["usage"]
+    with pytest.raises(SystemExit, match="only requests merge"):
+        named("backbone-16@2", "vela2")
+    with pytest.raises(SystemExit, match="no workload"):
+        named("noul-default@0", "vela2")
 
 
 def test_ratios_come_from_the_same_run(tiny_model) -> None:
