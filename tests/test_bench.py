@@ -100,6 +100,14 @@ def test_merged_requests_answer_as_one_request_each(tiny_model) -> None:
         named("noul-default@0", "vela2")
 
 
+def test_http_clients_are_not_merged_requests(tiny_vela: Path, tmp_path: Path) -> None:
+    argv = ["bench", "--package", str(tiny_vela), "--workloads", "", "--http", "--http-workload", "noul-default@2",
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    with pytest.raises(SystemExit, match="must be one request"):
+        main(argv)
+    assert not (tmp_path / "out").exists()
+
+
 def test_ratios_come_from_the_same_run(tiny_model) -> None:
     # Two subjects of one process, timed on the same inputs (the same model twice keeps it quick).
     entry = measure(backbone(16), {REFERENCE: tiny_model, "again": tiny_model}, 3, 1, lambda _: None)

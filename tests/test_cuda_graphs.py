@@ -120,26 +120,30 @@ def test_each_graph_warms_up_outside_any_graph_before_its_capture(graphed_engine
                 "attention_mask": np.ones((1, width), np.int64), "readout_index": np.full((1, 1), width - 1, np.int64)}  # fmt: skip
 
     for width in (16, 16, 64, 16):
-        graph = graphs.graph({name: value.shape for name, value in feeds(width).items()})
+        graph = graphs.graph({name: value.shape for name, value in feeds(width).items()}, width)
         assert graph is not None
         graph.run(feeds(width))
     assert session.graph_ids == [-1, -1, 1, 1, -1, -1, 2, 1]
 
 
 @pytest.mark.parametrize(
-    ("limit", "value", "graphs"), [("MAX_GRAPHS", 1, 1), ("MAX_GRAPH_BYTES", 0, 0), ("MAX_SESSION_GRAPH_BYTES", 0, 0)]
+    ("limit", "value", "graphs"),
+    [("MAX_GRAPHS", 1, [1, 1]), ("MAX_GRAPH_BYTES", 0, [0, 0]), ("MAX_SESSION_GRAPH_BYTES", 0, [0, 0]),
+     ("MAX_GRAPH_TOKENS", 0, [0, 0]), ("MAX_GRAPH_TOKENS", 100, [0, 4])],  # fmt: skip
 )
 def test_shapes_past_the_graph_limits_run_outside_any_graph(
-    graphed_engine: Path, monkeypatch: pytest.MonkeyPatch, limit: str, value: int, graphs: int
+    graphed_engine: Path, monkeypatch: pytest.MonkeyPatch, limit: str, value: int, graphs: list[int]
 ) -> None:
-    """Past the number of graphs or the bytes their buffers may take (one's, or all of a session's), runs
-    still answer, uncaptured."""
+    """Past the number of graphs, the tokens of a call or the bytes their buffers may take (one's, or all
+    of a session's), runs still answer, uncaptured. At 100 tokens the prefill (3 rows of 40) runs
+    uncaptured and the four continue calls (the blocks grouped by width, 3 to 33 tokens) are captured,
+    reading the uncaptured prefill's state."""
     monkeypatch.setattr(cuda_graphs, limit, value)
     plain = OnnxRuntimeRunner(graphed_engine, device="cpu")
     graphed = OnnxRuntimeRunner(graphed_engine, device="cpu", cuda_graphs=True)
     for seed in (5, 6):
         _assert_same(graphed.run(_trees(seed)), plain.run(_trees(seed)))
-    assert [len(session.graphs) for session in graphed._graphs] == [graphs, graphs]
+    assert [len(session.graphs) for session in graphed._graphs] == graphs
     assert all(session.buffer_bytes <= cuda_graphs.MAX_SESSION_GRAPH_BYTES for session in graphed._graphs)
 
 
@@ -167,8 +171,10 @@ def test_replays_read_new_inputs_on_the_gpu(exported: Path, tmp_path: Path) -> N
     for seed in (0, 1, 0, 2):  # the first run captures, the rest replay
         _assert_same(graphed.run(_trees(seed)), plain.run(_trees(seed)), atol=1e-4)
     assert [len(session.graphs) for session in graphed._graphs][0] == 1
-    # A far larger shape once the sessions have run: captured after its own warm-up runs (the 4B
-    # member's 6,942-token case failed inside the capture without them).
+    # A far larger shape once the sessions have run, still under MAX_GRAPH_TOKENS: captured after its own
+    # warm-up runs (the 4B member's 6,942-token case failed inside the capture without them).
     rng = np.random.default_rng(7)
-    long = [Tree(Prefix(rng.integers(1, 2048, 6000)), (Block(rng.integers(1, 2048, 700), np.arange(0, 700, 7)),))]
+    width = cuda_graphs.MAX_GRAPH_TOKENS - 96
+    long = [Tree(Prefix(rng.integers(1, 2048, width)), (Block(rng.integers(1, 2048, 700), np.arange(0, 700, 7)),))]
     _assert_same(graphed.run(long), plain.run(long), atol=1e-4)
+    assert [len(session.graphs) for session in graphed._graphs][0] == 2

@@ -34,11 +34,15 @@ GRAPH_ID = "gpu_graph_id"
 UNCAPTURED = -1
 # Widths above 8 round up to a multiple of 1/8 of their octave: at most 12.5% padding, eight graphs an octave.
 OCTAVE_SHIFT = 3
-# Each graph keeps its buffers (and the EP its captured graph) for the session's life, so a session
-# holds this many graphs at most, each with buffers of at most MAX_GRAPH_BYTES, and all of them at most
-# MAX_SESSION_GRAPH_BYTES; other shapes run outside any graph. Large shapes lose little that way: a
-# graph saves a fixed few ms of launches, while a merged batch's per-block copies of its prefix state
-# (~20 MB a row for the 0.8B member, more for a long prefix's keys and values) would pin gigabytes.
+# Which shapes get a graph. A replay saves the launches, a fixed few ms a call whatever its size
+# (benchmarks/h200-0.8B-graphs: 6.2 ms at 128 tokens, 5.2 ms at 2,048), while a capture costs about
+# three forwards at its shape (WARMUP_RUNS, then the capture) and keeps its buffers, and the EP its
+# graph, for the session's life. So only calls of at most MAX_GRAPH_TOKENS tokens (rows x width: every
+# single request of the records, not a merged batch of many) are captured, at most MAX_GRAPHS of them,
+# each with buffers of at most MAX_GRAPH_BYTES and all of them at most MAX_SESSION_GRAPH_BYTES; other
+# calls run outside any graph. A merged batch's per-block copies of its prefix state (~20 MB a row for
+# the 0.8B member, more for a long prefix's keys and values) would otherwise pin gigabytes.
+MAX_GRAPH_TOKENS = 4096
 MAX_GRAPHS = 48
 MAX_GRAPH_BYTES = 1 << 30  # the 0.8B member's router request: ~0.6 GB of continue buffers
 MAX_SESSION_GRAPH_BYTES = 8 << 30
@@ -91,11 +95,12 @@ class GraphedSession:
         self._inputs = {value.name: value for value in self.session.get_inputs()}
         self._outputs = self.session.get_outputs()
 
-    def graph(self, shapes: Mapping[str, Sequence[int]]) -> Graph | None:
-        """The graph for inputs of these ``shapes`` (every input named), made on first use; None past the limits."""
+    def graph(self, shapes: Mapping[str, Sequence[int]], tokens: int) -> Graph | None:
+        """The graph for inputs of these ``shapes`` (every input named) of a call of ``tokens`` tokens
+        (rows x width), made on first use; None past the limits."""
         key = tuple(sorted((name, tuple(shape)) for name, shape in shapes.items()))
         found = self.graphs.get(key)
-        if found is not None or len(self.graphs) >= MAX_GRAPHS:
+        if found is not None or len(self.graphs) >= MAX_GRAPHS or tokens > MAX_GRAPH_TOKENS:
             return found
         sizes = self._dimension_sizes(shapes)
         types = {value.name: value.type for value in self._outputs} | {name: self._inputs[name].type for name in shapes}

@@ -12,8 +12,8 @@ prefix's image features (``Prefix.embeds``) at its placeholders (``Prefix.embed_
 reference runner does before its forward; the blocks still go in as token ids.
 
 With ``cuda_graphs`` (an engine built with ``--cuda-graphs``) both graphs run as CUDA graphs
-(``runtime.runners.cuda_graphs``): prefix widths, block widths and readout counts are rounded up to
-buckets (prefixes padded on the left and masked, blocks and readouts on the right), each shape's
+(``runtime.runners.cuda_graphs``, calls of up to ``MAX_GRAPH_TOKENS`` tokens): prefix widths, block
+widths and readout counts are rounded up to buckets (prefixes padded on the left and masked, blocks and readouts on the right), each shape's
 inputs are copied into its graph's buffers, and the blocks' state rows are gathered straight into
 the continue graph's. A prefix state then lives in its graph's buffers until the next prefill of the
 same shape, which ``continue_blocks`` checks.
@@ -185,7 +185,7 @@ class OnnxRuntimeRunner:
         first = {"input_ids": ids} if self._embedding is None else {"inputs_embeds": embed(self._embedding, prefixes, ids)}
         feeds = {**first, "position_ids": positions, "attention_mask": mask, "readout_index": np.full((len(prefixes), 1), width - 1, np.int64)}
         starts = np.array([prefix.start for prefix in prefixes], np.int64)
-        graph = self._graphs[0].graph({name: value.shape for name, value in feeds.items()}) if self._graphs else None
+        graph = self._graphs[0].graph({name: value.shape for name, value in feeds.items()}, ids.size) if self._graphs else None
         if graph is not None:
             graph.run(feeds)
             values = [graph.outputs[name] for name in self._names]
@@ -217,7 +217,7 @@ class OnnxRuntimeRunner:
         graph = None
         if self._graphs:
             past = {f"past_{name}": [len(owners), *value.shape()[1:]] for name, value in zip(self._names, state.values, strict=True)}
-            graph = self._graphs[1].graph({**{name: value.shape for name, value in feeds.items()}, **past})
+            graph = self._graphs[1].graph({**{name: value.shape for name, value in feeds.items()}, **past}, ids.size)
         if graph is not None:
             self._owner_rows(state, owners, into=[graph.inputs[name] for name in past])
             graph.run(feeds)

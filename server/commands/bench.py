@@ -35,7 +35,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=_names,
         default=("backbone", "router", "long-span"),
         metavar="LIST",
-        help="in-process workloads: backbone, router, long-span or calibration case names ('' for none)",
+        help="in-process workloads: backbone, router, long-span, calibration case names, or NAME@N "
+        "(N copies of a request run as one merged forward); '' for none",
     )
     parser.add_argument("--tokens", type=_ints, default=(128, 600, 2048), metavar="LIST", help="backbone prefix lengths")
     parser.add_argument(
