@@ -37,10 +37,10 @@ OCTAVE_SHIFT = 3
 # Which shapes get a graph. A replay saves the launches, a fixed few ms a call whatever its size
 # (benchmarks/h200-0.8B-graphs: 6.2 ms at 128 tokens, 5.2 ms at 2,048), while a capture costs about
 # three forwards at its shape (WARMUP_RUNS, then the capture) and keeps its buffers, and the EP its
-# graph, for the session's life. So only calls of at most MAX_GRAPH_TOKENS tokens (rows x width: every
-# single request of the records, not a merged batch of many) are captured, at most MAX_GRAPHS of them,
-# each with buffers of at most MAX_GRAPH_BYTES and all of them at most MAX_SESSION_GRAPH_BYTES; other
-# calls run outside any graph. A merged batch's per-block copies of its prefix state (~20 MB a row for
+# graph, for the session's life. So only calls of at most MAX_GRAPH_TOKENS tokens (rows x width: a
+# router request's calls take up to 1,280, a merged batch of many far more) are captured, at most
+# MAX_GRAPHS of them, each with buffers of at most MAX_GRAPH_BYTES and all of them at most
+# MAX_SESSION_GRAPH_BYTES; other calls run outside any graph. A merged batch's per-block copies of its prefix state (~20 MB a row for
 # the 0.8B member, more for a long prefix's keys and values) would otherwise pin gigabytes.
 MAX_GRAPH_TOKENS = 4096
 MAX_GRAPHS = 48
