@@ -40,8 +40,9 @@ OCTAVE_SHIFT = 3
 # graph, for the session's life. So only calls of at most MAX_GRAPH_TOKENS tokens (rows x width: a
 # router request's calls take up to 1,280, a merged batch of many far more) are captured, at most
 # MAX_GRAPHS of them, each with buffers of at most MAX_GRAPH_BYTES and all of them at most
-# MAX_SESSION_GRAPH_BYTES; other calls run outside any graph. A merged batch's per-block copies of its prefix state (~20 MB a row for
-# the 0.8B member, more for a long prefix's keys and values) would otherwise pin gigabytes.
+# MAX_SESSION_GRAPH_BYTES; other calls run outside any graph. A merged batch's per-block copies of its
+# prefix state (~20 MB a row for the 0.8B member, more for a long prefix's keys and values) would
+# otherwise pin gigabytes.
 MAX_GRAPH_TOKENS = 4096
 MAX_GRAPHS = 48
 MAX_GRAPH_BYTES = 1 << 30  # the 0.8B member's router request: ~0.6 GB of continue buffers

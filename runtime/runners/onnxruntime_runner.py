@@ -15,8 +15,8 @@ With ``cuda_graphs`` (an engine built with ``--cuda-graphs``) both graphs run as
 (``runtime.runners.cuda_graphs``, calls of up to ``MAX_GRAPH_TOKENS`` tokens): prefix widths, block
 widths and readout counts are rounded up to buckets (prefixes padded on the left and masked, blocks
 and readouts on the right), each shape's inputs are copied into its graph's buffers, and the blocks'
-state rows are gathered straight into the continue graph's. A prefix state then lives in its graph's buffers until the next prefill of the
-same shape, which ``continue_blocks`` checks.
+state rows are gathered straight into the continue graph's. A prefix state then lives in its graph's
+buffers until the next prefill of the same shape, which ``continue_blocks`` checks.
 
 Float32 inputs, outputs and state throughout. On CUDA the engine's manifest says how its matmuls
 run: float32 (``fp32``), on TF32 tensor cores (``tf32``), or with the weight GEMMs in bfloat16

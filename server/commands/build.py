@@ -32,7 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cuda-graphs",
         action="store_true",
-        help="onnxruntime/cuda only: replay each shape as a CUDA graph, one launch a run instead of thousands "
+        help="onnxruntime/cuda only: replay each shape of the smaller calls (up to "
+        "runtime.runners.cuda_graphs.MAX_GRAPH_TOKENS tokens) as a CUDA graph, one launch a run instead of thousands "
         "(widths rounded up to buckets of at most 12.5%% padding; the first run of each shape captures it)",
     )
 
