@@ -7,12 +7,12 @@ execution provider options to run them with:
   reference's does; the fused rule's token-by-token rounding, though nearer float64, drifts 1.09e-5
   from the reference on one calibration case of the tiny member, past the 1e-5 CPU gate.
 - ``cuda``: the ``fused`` graphs where exported, each Gated DeltaNet layer one contrib node that
-  ``--gated-delta-kernel`` picks (``export.cuda_kernels``), at ``--precision fp32`` (the default,
-  TF32 off), ``tf32`` or ``bf16`` (weight GEMMs in bfloat16, ``export.bf16_gemms``). TF32 matmuls are
+  ``--gated-delta-kernel`` picks (``s1omni.export.cuda_kernels``), at ``--precision fp32`` (the default,
+  TF32 off), ``tf32`` or ``bf16`` (weight GEMMs in bfloat16, ``s1omni.export.bf16_gemms``). TF32 matmuls are
   faster but flipped 2 of 24 span sets of the 0.8B synthetic member on the H200, a GPU-gate miss
   (``benchmarks/h200-0.8B-kernels``). Their norms and sigmoids become single ONNX Runtime ops
-  (``export.cuda_fusions``) unless ``--no-op-fusion``. With ``--cuda-graphs`` the runner replays each
-  shape bucket as a CUDA graph (``runtime.runners.cuda_graphs``): the manifest says so, and validation
+  (``s1omni.export.cuda_fusions``) unless ``--no-op-fusion``. With ``--cuda-graphs`` the runner replays each
+  shape bucket as a CUDA graph (``s1omni.runtime.runners.cuda_graphs``): the manifest says so, and validation
   runs the engine that way.
 
 TensorRT engines carry one plan per portable graph for one compute capability and library version.
@@ -32,8 +32,8 @@ from typing import Any
 
 import onnx
 
-from runtime.engine import read_stage, write_manifest
-from runtime.staging import staged_directory
+from s1omni.runtime.engine import read_stage, write_manifest
+from s1omni.runtime.staging import staged_directory
 
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
 from .cuda_fusions import fuse_norms, fuse_sigmoids
@@ -141,8 +141,8 @@ def build(
     cuda_graphs: bool = False,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
-    ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``export.cuda_kernels.KERNELS``),
-    ``op_fusion`` (``export.cuda_fusions``) and ``cuda_graphs`` (``runtime.runners.cuda_graphs``)."""
+    ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
+    ``op_fusion`` (``s1omni.export.cuda_fusions``) and ``cuda_graphs`` (``s1omni.runtime.runners.cuda_graphs``)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)

@@ -1,15 +1,15 @@
-"""What ``s1omni export`` writes for an OmniJev package (the rest of the export is ``export.package_export``'s).
+"""What ``s1omni export`` writes for an OmniJev package (the rest of the export is ``s1omni.export.package_export``'s).
 
-- ``prefill.onnx``/``continue.onnx``: the language backbone as ``export.onnx_export`` traces every
+- ``prefill.onnx``/``continue.onnx``: the language backbone as ``s1omni.export.onnx_export`` traces every
   Qwen3.5 backbone, the prefill taking ``inputs_embeds`` so the image features go in at their
   placeholders (the runner looks the tokens up; the blocks are text and take token ids);
-- ``vision.onnx``: the vision tower (``export.vision_export``);
+- ``vision.onnx``: the vision tower (``s1omni.export.vision_export``);
 - ``embedding.safetensors``: the tied embedding in float32, the table the runner looks tokens up in
-  and the LM head of the option-text log-probabilities (``runtime.omnijev.features`` reads it in
+  and the LM head of the option-text log-probabilities (``s1omni.runtime.omnijev.features`` reads it in
   float32, as the reference path does from the float32 model);
 - ``heads.safetensors`` (float32), ``tokenizer.json``, ``config.json``, the processor config,
   ``calibration.json`` and ``release.json``: the release manifest's fields the model reads
-  (``runtime.omnijev.model.Release``).
+  (``s1omni.runtime.omnijev.model.Release``).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from typing import Any
 
 from safetensors.numpy import save_file
 
-from runtime.omnijev import layout
-from runtime.omnijev.engine import EMBEDDING, EMBEDDING_TENSOR, RELEASE
-from runtime.omnijev.heads import Heads
-from runtime.omnijev.model import PROCESSOR_CONFIG
-from runtime.omnijev.package import LANGUAGE_PREFIX
-from runtime.omnijev.vision import VisionTower
-from runtime.package import VerifiedPackage
-from runtime.runners.torch_runner import load_backbone
+from s1omni.runtime.omnijev import layout
+from s1omni.runtime.omnijev.engine import EMBEDDING, EMBEDDING_TENSOR, RELEASE
+from s1omni.runtime.omnijev.heads import Heads
+from s1omni.runtime.omnijev.model import PROCESSOR_CONFIG
+from s1omni.runtime.omnijev.package import LANGUAGE_PREFIX
+from s1omni.runtime.omnijev.vision import VisionTower
+from s1omni.runtime.package import VerifiedPackage
+from s1omni.runtime.runners.torch_runner import load_backbone
 
 from .onnx_export import export_model, progress
 from .package_export import move_into

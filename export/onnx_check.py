@@ -20,8 +20,8 @@ import onnxruntime
 import torch
 from torch import nn
 
-from runtime.runners.base import Block, Prefix, text_positions
-from runtime.runners.torch_runner import TorchRunner
+from s1omni.runtime.runners.base import Block, Prefix, text_positions
+from s1omni.runtime.runners.torch_runner import TorchRunner
 
 from .patches import state_names
 

@@ -7,7 +7,7 @@ Batch, sequence, readout and prefix axes are dynamic. A vision member's prefill 
 embeddings (``inputs_embeds``) rather than ids, so that its image features can take the place of
 the image placeholders' embeddings.
 
-How: ``torch.export`` of the forward in ``export.patches`` (the model's own modules, with the two
+How: ``torch.export`` of the forward in ``s1omni.export.patches`` (the model's own modules, with the two
 token mixers made state-explicit), then the dynamo ONNX exporter. The projections, norms, rotary
 and MLP are traced rather than rewritten, and the one construct a trace cannot express, the
 recurrence over a dynamic number of chunks, is a ``torch`` ``scan`` that the exporter lowers to a
@@ -18,7 +18,7 @@ own capture would instead narrow the dynamic axes silently (to lengths 64k + 6, 
 
 Members whose weights exceed ``EXTERNAL_DATA_BYTES`` keep them in ``weights.data``, written once
 for both graphs (the two traces fold the same weights into the same constants). Every export is
-checked before it is kept (``export.onnx_check``).
+checked before it is kept (``s1omni.export.onnx_check``).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from onnx.defs import OpSchema
 from onnxscript.values import Op, Opset
 from torch import nn
 
-from runtime.runners.torch_runner import load_backbone
-from runtime.staging import staged_directory
-from runtime.vela2.package import shard_names
+from s1omni.runtime.runners.torch_runner import load_backbone
+from s1omni.runtime.staging import staged_directory
+from s1omni.runtime.vela2.package import shard_names
 
 from .onnx_check import LENGTHS, check_graphs
 from .patches import RECURRENCES, ContinueForward, PrefillForward, explicit_state_forward, state_names

@@ -3,7 +3,7 @@
 The export directory holds the backbone graphs, the heads as float32 safetensors for the CPU, the
 tokenizer, config and calibration, and a manifest pinning every file. Builds read only this
 directory, never the package, so engines are reproducible from the exported artifacts alone.
-Each family writes its own files (OmniJev's: ``export.omnijev_export``); the manifest is common.
+Each family writes its own files (OmniJev's: ``s1omni.export.omnijev_export``); the manifest is common.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 
 from safetensors.numpy import save_file
 
-from runtime.engine import write_manifest
-from runtime.package import VerifiedPackage, verify
-from runtime.registry import Registry
-from runtime.staging import staged_directory
-from runtime.vela2.model import head_tensors, identity_of
+from s1omni.runtime.engine import write_manifest
+from s1omni.runtime.package import VerifiedPackage, verify
+from s1omni.runtime.registry import Registry
+from s1omni.runtime.staging import staged_directory
+from s1omni.runtime.vela2.model import head_tensors, identity_of
 
 from .patches import RECURRENCES
 
@@ -70,7 +70,7 @@ def export_package(
 ) -> dict[str, Any]:
     """Verify, write the family's graphs, heads and settings, then the manifest; returns the manifest.
 
-    ``recurrences``: the backbone forms to write (``export.patches.RECURRENCES``: the portable ``Scan``
+    ``recurrences``: the backbone forms to write (``s1omni.export.patches.RECURRENCES``: the portable ``Scan``
     graphs TensorRT parses, ONNX Runtime's fused kernels, or both)."""
     package = verify(package_dir, registry or Registry.load())
     if package.family not in ("vela2", "omnijev"):

@@ -15,7 +15,7 @@ from typing import Any
 
 from polygraphy.comparator import Comparator, RunResults
 
-from runtime.digest import sha256_json
+from s1omni.runtime.digest import sha256_json
 
 from .case_io import case_io
 

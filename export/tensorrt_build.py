@@ -1,6 +1,6 @@
 """Build ``prefill.plan`` and ``continue.plan`` from the exported graphs with TensorRT or TensorRT for RTX.
 
-One code path drives both libraries (``runtime.runners.tensorrt_runner.load_library`` picks the one
+One code path drives both libraries (``s1omni.runtime.runners.tensorrt_runner.load_library`` picks the one
 installed): a strongly typed network parsed from the ONNX file's path (so external weights load from
 beside it), one optimization profile per graph over the served ranges, and a plan written under a
 temporary name and renamed into place once both graphs have built. The differences:
@@ -33,7 +33,7 @@ from typing import Any
 
 import onnx
 
-from runtime.runners.tensorrt_runner import GRAPHS, Library, device_compute_capability, library_logger, load_library, normalize_target
+from s1omni.runtime.runners.tensorrt_runner import GRAPHS, Library, device_compute_capability, library_logger, load_library, normalize_target
 
 Range = tuple[int, int, int]  # min, opt, max of one dimension
 Shape = tuple[int, ...]

@@ -3,7 +3,7 @@
 One Polygraphy iteration is one calibration case: all of its trees, flattened into a fixed set of
 int64 inputs, and one output, ``hidden``: the final-norm hidden states at every readout of every
 block, in tree and block order. The torch reference and each engine answer the same feeds through
-the runner protocol of ``runtime.runners.base``, batching exactly as they do when serving.
+the runner protocol of ``s1omni.runtime.runners.base``, batching exactly as they do when serving.
 
 Vision members' cases also carry each tree's image (processed patches and grid) and its prefix's
 M-RoPE positions, placeholders and block start: the runner runs its own vision tower on the image
@@ -24,7 +24,7 @@ from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 from polygraphy.logger import G_LOGGER
 
-from runtime.runners.base import BackboneRunner, Block, Prefix, Tree, text_positions
+from s1omni.runtime.runners.base import BackboneRunner, Block, Prefix, Tree, text_positions
 
 # Polygraphy logs every iteration's tensors at INFO; the runner reports its own progress instead.
 G_LOGGER.module_severity = G_LOGGER.WARNING

@@ -8,7 +8,7 @@ float32; on a GPU where the reference's top-two margin is at least the gate's ma
 the gate, score expectations within the gate, and enough identical span sets. The validator prints
 a table per case, records the report in the engine's manifest and fails on any miss; an engine
 without a passing report is never served. How a family's cases are fed, run and compared is
-``export.case_io``'s (OmniJev: from pixels, with the image features as a second tensor, unrounded).
+``s1omni.export.case_io``'s (OmniJev: from pixels, with the image features as a second tensor, unrounded).
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from typing import Any
 
 from polygraphy.comparator import Comparator, CompareFunc, RunResults
 
-from runtime.engine import load_engine_model, read_manifest, record_validation
+from s1omni.runtime.engine import load_engine_model, read_manifest, record_validation
 
 from .case_io import case_io
 from .compare_answers import CaseStats
 from .reference import REFERENCE_RUNNER, answers_from, case_feeds, compared, layout_digest, load_cases, load_reference, make_reference
 
-CALIB = Path(__file__).resolve().parent.parent / "calib"
+from s1omni.calib import CALIB
 
 
 def reference_dir(family: str, member: str) -> Path:
@@ -46,8 +46,8 @@ def _reference(engine_dir: Path, manifest: dict[str, Any], cases: list[dict[str,
             return record, results
     if package is None:
         raise SystemExit(f"s1omni validate: no reference record in {where}; pass --package PKG to make one")
-    from runtime.api import load_model
-    from runtime.runners.torch_runner import release_gpu_memory
+    from s1omni.runtime.api import load_model
+    from s1omni.runtime.runners.torch_runner import release_gpu_memory
 
     model = load_model(package, device=device, precision="fp32")
     if model.identity.model_sha256 != identity["model_sha256"]:

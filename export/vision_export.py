@@ -3,7 +3,7 @@
 ``(pixel_values [N, D], position_ids [N, 2], interp_indices [N, 4], interp_weights [N, 4],
 cu_seqlens [F + 1]) -> image_embeds [N / merge^2, out_hidden]``, N dynamic. What depends on the
 image grid (rotary positions, position-table taps, attention segments) is computed outside by
-``runtime.omnijev.vision.grid_inputs`` and fed in; the patches come in the processor's merge
+``s1omni.runtime.omnijev.vision.grid_inputs`` and fed in; the patches come in the processor's merge
 order, which the merger consumes as it is.
 
 The trace is the model's own forward with those tensors passed as its precomputed kwargs. One
@@ -28,9 +28,9 @@ import torch
 from torch import nn
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb_vision, eager_attention_forward
 
-from runtime.omnijev.engine import VISION_GRAPH
-from runtime.omnijev.image import Pixels
-from runtime.omnijev.vision import VisionTower, grid_inputs
+from s1omni.runtime.omnijev.engine import VISION_GRAPH
+from s1omni.runtime.omnijev.image import Pixels
+from s1omni.runtime.omnijev.vision import VisionTower, grid_inputs
 
 from .onnx_export import OPSET, to_onnx
 from .patches import _bias

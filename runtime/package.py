@@ -22,7 +22,7 @@ from .registry import Member, Registry
 
 SUMS_FILE = "SHA256SUMS"
 # Family gate modules, imported only when a package of that family is verified.
-FAMILY_GATES = {"vela2": "runtime.vela2.package", "omnijev": "runtime.omnijev.package"}
+FAMILY_GATES = {"vela2": "s1omni.runtime.vela2.package", "omnijev": "s1omni.runtime.omnijev.package"}
 
 
 class FamilyGate(Protocol):

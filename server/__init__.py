@@ -1,1 +1,1 @@
-"""Server: the Starlette app, the wire contract, admission, and the ``s1omni`` command line."""
+"""Server: the Starlette app, the wire contract per family, admission and scheduling."""

@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from runtime.errors import RequestError
+from s1omni.runtime.errors import RequestError
 
 from . import wire
 from .access import CLIENT_CLOSED, Access

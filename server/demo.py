@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from runtime.api import DecisionModel, load_model
-from runtime.errors import PackageError
-from runtime.registry import Registry, home, write_entry
+from s1omni.runtime.api import DecisionModel, load_model
+from s1omni.runtime.errors import PackageError
+from s1omni.runtime.registry import Registry, home, write_entry
 
 log = logging.getLogger("s1omni.server")
 
@@ -26,8 +26,8 @@ def paths() -> tuple[Path, Path]:
 
 def load(device: str) -> DecisionModel:
     """The demo model, writing its package first when it is missing or does not verify."""
-    from runtime.package import verify
-    from runtime.synth import vela2
+    from s1omni.runtime.package import verify
+    from s1omni.runtime.synth import vela2
 
     root, registry_file = paths()
     log.warning("serving the %s at %s", NOTICE, root)

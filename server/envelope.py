@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import RequestError
+from s1omni.runtime.errors import RequestError
 
 FIELDS = ("model", "state", "questions", "images", "states", "options")
 STATE_FIELDS = ("state", "questions", "images")

@@ -27,8 +27,8 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.api import Plan
-from runtime.errors import RequestError
+from s1omni.runtime.api import Plan
+from s1omni.runtime.errors import RequestError
 
 from .metrics import Metrics
 

@@ -5,7 +5,7 @@ It becomes ready only after its golden request (``model.golden_request()``) has 
 through the very path a client's request takes (its family's reading, admission, plan,
 scheduler, finish, encoding) with no question failing
 (vllm-project/semantic-router:src/model-runtime/vllm_srun/runtime.py ``ServedModel.load``;
-wire-contract.md §11.7). The family of the package picks the rules (``server.families``) before
+wire-contract.md §11.7). The family of the package picks the rules (``s1omni.server.families``) before
 it loads, so that a request refused while it loads is refused in that family's form too; the
 loaded model must be of that family.
 """
@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.api import DecisionModel
-from runtime.errors import RequestError
+from s1omni.runtime.api import DecisionModel
+from s1omni.runtime.errors import RequestError
 
 from . import wire
 from .config import ServeConfig

@@ -4,7 +4,7 @@ Decoding is stricter than the reference's plain ``json.loads``
 (vllm-project/semantic-router:src/model-runtime/vllm_srun/api/app.py ``_read_json``): besides
 invalid UTF-8, malformed JSON and unpaired surrogate escapes, a duplicate object key, ``NaN``,
 ``Infinity``, a number too large for a float and nesting past 128 levels are refused with 400
-``invalid_request`` (``runtime.strict_json``, the reader every family shares). A decoder
+``invalid_request`` (``s1omni.runtime.strict_json``, the reader every family shares). A decoder
 that kept the last duplicate would answer a different question than the client asked, in silence;
 the System1-Omni workers refuse both the same way (wire-contract.md §11.5).
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from runtime import strict_json
-from runtime.errors import RequestError
+from s1omni.runtime import strict_json
+from s1omni.runtime.errors import RequestError
 
 NON_FINITE = "the model produced a non-finite number"
 

@@ -1,4 +1,4 @@
-"""The ``s1omni`` CLI as a user runs it: ``python -m server.cli`` in a subprocess of this interpreter."""
+"""The ``s1omni`` CLI as a user runs it: ``python -m s1omni`` in a subprocess of this interpreter."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 def run_s1omni(*args: str) -> subprocess.CompletedProcess[str]:
     """Run ``s1omni ARGS`` and return what it did, whatever its exit status."""
-    return subprocess.run([sys.executable, "-m", "server.cli", *args], capture_output=True, text=True, env=os.environ)
+    return subprocess.run([sys.executable, "-m", "s1omni", *args], capture_output=True, text=True, env=os.environ)
 
 
 def s1omni(*args: str) -> subprocess.CompletedProcess[str]:

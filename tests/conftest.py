@@ -36,7 +36,7 @@ def tiny_vela(s1omni_home: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tiny_vela: Path):
     """The tiny member on the torch reference runner."""
-    from runtime.api import load_model
+    from s1omni.runtime.api import load_model
 
     return load_model(tiny_vela)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from runtime.engine import read_manifest, write_manifest
+from s1omni.runtime.engine import read_manifest, write_manifest
 from tests.cli import run_s1omni, s1omni
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from export.bench import http_ratios, subject_names
-from export.bench_http import server_timing
-from export.bench_stats import nearest_rank, ratios, summarize
-from export.bench_workloads import REFERENCE, backbone, measure, named
-from server.cli import main
+from s1omni.bench.run import http_ratios, subject_names
+from s1omni.bench.http_load import server_timing
+from s1omni.bench.stats import nearest_rank, ratios, summarize
+from s1omni.bench.workloads import REFERENCE, backbone, measure, named
+from s1omni.cli.main import main
 
 STAGES = {"parse", "tokenize", "queue", "forward", "post", "serialize", "total"}
 

@@ -19,10 +19,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from export.bf16_gemms import BF16_FILE, Bf16Weights, bfloat16_bits, use_bf16_gemms
-from export.onnx_export import export_model, load_package_backbone
-from runtime.runners.base import text_positions
-from runtime.runners.torch_runner import TorchRunner
+from s1omni.export.bf16_gemms import BF16_FILE, Bf16Weights, bfloat16_bits, use_bf16_gemms
+from s1omni.export.onnx_export import export_model, load_package_backbone
+from s1omni.runtime.runners.base import text_positions
+from s1omni.runtime.runners.torch_runner import TorchRunner
 from tests.cuda_builds import build_cuda_engine, validate_on_the_cpu
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from export.compare_answers import compare
-from export.validate import _print_table
+from s1omni.export.compare_answers import compare
+from s1omni.export.validate import _print_table
 
 
 def _answer(spans: list[tuple[str, int, int, float]]) -> dict:

@@ -1,4 +1,4 @@
-"""The CUDA build's op fusion (``export.cuda_fusions``) on the tiny member, run here with the CPU EP:
+"""The CUDA build's op fusion (``s1omni.export.cuda_fusions``) on the tiny member, run here with the CPU EP:
 ``SimplifiedLayerNormalization`` and ``Sigmoid`` have CPU kernels as well as CUDA ones."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.cuda_fusions import fuse_norms, fuse_sigmoids
-from runtime.runners.base import text_positions
+from s1omni.export.cuda_fusions import fuse_norms, fuse_sigmoids
+from s1omni.runtime.runners.base import text_positions
 from tests.cuda_builds import build_cuda_engine, validate_on_the_cpu
 
 SPELLED_OUT = ("Pow", "ReduceMean", "Sqrt", "Reciprocal", "Exp")  # (the rotary keeps its Negs)

@@ -1,4 +1,4 @@
-"""CUDA-graph runs of the ONNX Runtime runner (``runtime.runners.cuda_graphs``), checked on the CPU:
+"""CUDA-graph runs of the ONNX Runtime runner (``s1omni.runtime.runners.cuda_graphs``), checked on the CPU:
 the same bucketed shapes and fixed per-graph buffers, with nothing to capture. The captures themselves
 run in ``tests/test_engine_pipeline.py``'s GPU test."""
 
@@ -11,10 +11,10 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from runtime.runners import cuda_graphs
-from runtime.runners.base import Block, Prefix, Tree, text_positions
-from runtime.runners.cuda_graphs import GRAPH_ID, GraphedSession, bucket
-from runtime.runners.onnxruntime_runner import OnnxRuntimeRunner
+from s1omni.runtime.runners import cuda_graphs
+from s1omni.runtime.runners.base import Block, Prefix, Tree, text_positions
+from s1omni.runtime.runners.cuda_graphs import GRAPH_ID, GraphedSession, bucket
+from s1omni.runtime.runners.onnxruntime_runner import OnnxRuntimeRunner
 from tests.cuda_builds import build_cuda_engine, needs_cuda, validate_on_the_cpu
 
 

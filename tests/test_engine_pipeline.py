@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from export.compare_answers import compare
-from runtime.errors import PackageError
+from s1omni.export.compare_answers import compare
+from s1omni.runtime.errors import PackageError
 from tests.cli import run_s1omni, s1omni
 from tests.cuda_builds import needs_cuda
 from tests.server.serving import Server
@@ -130,7 +130,7 @@ def test_engine_card_names_its_backend(servers: tuple[Server, Server]) -> None:
 
 def test_tensorrt_plan_builds_ahead_of_time_and_is_refused_here(exported: Path, tmp_path: Path) -> None:
     pytest.importorskip("tensorrt_rtx_bindings", reason="TensorRT for RTX is not installed (pip install '.[tensorrt-rtx]')")
-    from runtime.runners.tensorrt_runner import TensorRtRunner
+    from s1omni.runtime.runners.tensorrt_runner import TensorRtRunner
 
     out = tmp_path / "trt-sm89"
     s1omni("build", str(exported), "--backend", "tensorrt", "--target", "sm_89", "--out", str(out))
@@ -179,7 +179,7 @@ def test_cuda_engine_agrees_with_the_float32_reference(
 
 
 def test_engine_graphs_follow_the_exported_recurrences(tmp_path: Path) -> None:
-    from export.build import backbone_variants, ort_files
+    from s1omni.export.build import backbone_variants, ort_files
 
     for name in ("prefill.onnx", "continue.onnx", "prefill.fused.onnx", "continue.fused.onnx", "weights.data", "heads.safetensors"):
         (tmp_path / name).write_bytes(b"")

@@ -15,11 +15,11 @@ import pytest
 import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
-from export.onnx_export import export_backbone, export_model, graph_file, load_package_backbone, node_count
-from export.patches import RECURRENCES, explicit_state_forward, fused_gated_delta_rule, gated_delta_rule, unit_lower_inverse
-from runtime.runners.base import Block, Prefix, Tree
-from runtime.runners.onnxruntime_runner import OnnxRuntimeRunner
-from runtime.runners.torch_runner import TorchRunner
+from s1omni.export.onnx_export import export_backbone, export_model, graph_file, load_package_backbone, node_count
+from s1omni.export.patches import RECURRENCES, explicit_state_forward, fused_gated_delta_rule, gated_delta_rule, unit_lower_inverse
+from s1omni.runtime.runners.base import Block, Prefix, Tree
+from s1omni.runtime.runners.onnxruntime_runner import OnnxRuntimeRunner
+from s1omni.runtime.runners.torch_runner import TorchRunner
 
 # Hidden-state gate, max abs. 1e-5 is below this member's float32 floor: the reference differs from
 # itself by up to 5.6e-5 when the same blocks run one per call instead of batched, by 2.6e-5 with
@@ -167,7 +167,7 @@ def test_prefill_then_continue_equals_run(runner: OnnxRuntimeRunner, reference: 
 
 
 def test_blocks_are_grouped_by_length_so_padding_stays_bounded() -> None:
-    from runtime.runners.onnxruntime_runner import length_groups
+    from s1omni.runtime.runners.onnxruntime_runner import length_groups
 
     lengths = [400, 30, 35, 1500, 60, 420]
     groups = length_groups(lengths, 1.25)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.errors import PackageError
-from runtime.package import verify
-from runtime.registry import Registry
-from runtime.synth import vela2
+from s1omni.runtime.errors import PackageError
+from s1omni.runtime.package import verify
+from s1omni.runtime.registry import Registry
+from s1omni.runtime.synth import vela2
 from tests.cli import run_s1omni
 
 PINNED_PARAMETERS = {"0.8B": 755_685_699, "4B": 4_213_980_675, "9B": 7_949_850_627}
@@ -150,7 +150,7 @@ def test_synth_cli_writes_the_registry_entry(tmp_path: Path) -> None:
 def test_fetch_without_a_network_fails_clearly_and_leaves_nothing(tmp_path: Path) -> None:
     env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_ETAG_TIMEOUT="2", HF_HUB_DOWNLOAD_TIMEOUT="2")
     result = subprocess.run(
-        [sys.executable, "-m", "server.cli", "fetch", "Vela-2.0-0.8B", "--out", str(tmp_path / "out")],
+        [sys.executable, "-m", "s1omni", "fetch", "Vela-2.0-0.8B", "--out", str(tmp_path / "out")],
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert result.returncode != 0

@@ -10,9 +10,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from export.tensorrt_build import build_plans, profile_shapes, read_graph
-from runtime.errors import PackageError
-from runtime.runners.tensorrt_runner import check_plan, device_compute_capability
+from s1omni.export.tensorrt_build import build_plans, profile_shapes, read_graph
+from s1omni.runtime.errors import PackageError
+from s1omni.runtime.runners.tensorrt_runner import check_plan, device_compute_capability
 
 HIDDEN, STATE = 16, 8
 

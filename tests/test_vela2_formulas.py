@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from runtime.synth.vela2 import calibration as fixture_calibration
-from runtime.vela2.answers import Answerer, RawRow, RawSpan
-from runtime.vela2.calibration import Calibration
-from runtime.vela2.request import Part, Question, State
+from s1omni.runtime.synth.vela2 import calibration as fixture_calibration
+from s1omni.runtime.vela2.answers import Answerer, RawRow, RawSpan
+from s1omni.runtime.vela2.calibration import Calibration
+from s1omni.runtime.vela2.request import Part, Question, State
 
 CAL = Calibration(fixture_calibration())  # temperatures choice 1.3, score 1.1, set 1.05, span 0.4
 
@@ -137,9 +137,9 @@ def test_span_answer_threshold_clipping_and_noul() -> None:
 
 
 def test_window_logits_are_averaged_and_uncovered_words_get_minus_30() -> None:
-    from runtime.vela2.layout import EncodedPart, RenderedBlock, Row, RowTrees
-    from runtime.vela2.model import Vela2Model
-    from runtime.vela2.words import Words
+    from s1omni.runtime.vela2.layout import EncodedPart, RenderedBlock, Row, RowTrees
+    from s1omni.runtime.vela2.model import Vela2Model
+    from s1omni.runtime.vela2.words import Words
 
     question = _question("span", [("A", ""), ("B", "")])
     words = Words(np.asarray([[0, 1], [2, 3], [4, 5], [6, 7]], np.int32), np.asarray([0, 1, 2, 3]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.vela2.layout import SchemaTooLong, fit, option_block, question_head, word_windows
+from s1omni.runtime.vela2.layout import SchemaTooLong, fit, option_block, question_head, word_windows
 
 
 def test_prefix_is_each_piece_tokenized_on_its_own(tiny_model) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.errors import RequestError
-from runtime.runners.base import Block, Prefix
+from s1omni.runtime.errors import RequestError
+from s1omni.runtime.runners.base import Block, Prefix
 from tests.members import make_vela_member
 
 WORDS = "Alice Müller visited 東京 and wrote to alice.m@example.com about https://example.org/x?y=1 (urgent). "
@@ -178,7 +178,7 @@ def test_state_object_maps_keys_to_parts_and_over_resolves_keys(tiny_model) -> N
 
 
 def test_rows_that_cannot_fit_fail_with_max_length_exceeded(tmp_path: Path) -> None:
-    from runtime.api import load_model
+    from s1omni.runtime.api import load_model
 
     model = load_model(make_vela_member(tmp_path / "short", seed=0, max_length=320))
     criteria = {f"option number {i}": f"a long description of option {i} " * 3 for i in range(12)}

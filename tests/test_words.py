@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from runtime.synth.tokenizer import train_tokenizer
-from runtime.vela2.words import Words, decode_spans, trim, words_of
+from s1omni.runtime.synth.tokenizer import train_tokenizer
+from s1omni.runtime.vela2.words import Words, decode_spans, trim, words_of
 
 
 def split(text: str) -> list[tuple[int, int]]:

@@ -1,6 +1,6 @@
 """OmniJev from an engine directory: the vision graph in ONNX Runtime, the backbone runner, the model.
 
-An OmniJev engine holds what ``s1omni export`` wrote for it (``export.omnijev_export``): the
+An OmniJev engine holds what ``s1omni export`` wrote for it (``s1omni.export.omnijev_export``): the
 backbone graphs, ``vision.onnx``, the tied embedding, heads, tokenizer, config, processor config,
 calibration and the release fields. ``load_engine`` builds the same ``OmniJevModel`` a package
 gives, with the engine's vision session and runner in place of the torch reference's.

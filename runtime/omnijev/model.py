@@ -11,7 +11,7 @@ with the newer native executor's prefix reuse
 forward per row, for checking that reuse changes nothing (on the torch reference runner).
 
 The same class serves a package on the torch reference (``from_package``) and an engine
-(``runtime.omnijev.engine``): only the vision tower, the backbone runner and where the tied
+(``s1omni.runtime.omnijev.engine``): only the vision tower, the backbone runner and where the tied
 embedding comes from differ.
 """
 

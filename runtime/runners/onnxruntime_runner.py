@@ -12,7 +12,7 @@ prefix's image features (``Prefix.embeds``) at its placeholders (``Prefix.embed_
 reference runner does before its forward; the blocks still go in as token ids.
 
 With ``cuda_graphs`` (an engine built with ``--cuda-graphs``) both graphs run as CUDA graphs
-(``runtime.runners.cuda_graphs``, calls of up to ``MAX_GRAPH_TOKENS`` tokens): prefix widths, block
+(``s1omni.runtime.runners.cuda_graphs``, calls of up to ``MAX_GRAPH_TOKENS`` tokens): prefix widths, block
 widths and readout counts are rounded up to buckets (prefixes padded on the left and masked, blocks
 and readouts on the right), each shape's inputs are copied into its graph's buffers, and the blocks'
 state rows are gathered straight into the continue graph's. A prefix state then lives in its graph's
@@ -20,7 +20,7 @@ buffers until the next prefill of the same shape, which ``continue_blocks`` chec
 
 Float32 inputs, outputs and state throughout. On CUDA the engine's manifest says how its matmuls
 run: float32 (``fp32``), on TF32 tensor cores (``tf32``), or with the weight GEMMs in bfloat16
-(``bf16``, rewritten at build time by ``export.bf16_gemms``); every CUDA engine is held to the GPU gate.
+(``bf16``, rewritten at build time by ``s1omni.export.bf16_gemms``); every CUDA engine is held to the GPU gate.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class OnnxRuntimeRunner:
         cuda_graphs: bool = False,
     ):
         """``embedding`` ``[vocabulary, hidden]``: the table a prefill graph taking ``inputs_embeds`` needs;
-        ``precision``, ``provider_options`` and ``cuda_graphs``: the engine manifest's (``export.build``).
+        ``precision``, ``provider_options`` and ``cuda_graphs``: the engine manifest's (``s1omni.export.build``).
         ``cuda_graphs`` on the CPU runs the same bucketed fixed-buffer path with nothing to capture."""
         engine_dir = Path(engine_dir)
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"

@@ -7,7 +7,7 @@ installed library and refuses a mismatch, naming the command that rebuilds it. S
 ``tensorrt_rtx`` from NVIDIA's archives) share the runtime calls used here; RTX plans run only on the
 compute capabilities of its ``ComputeCapability`` enum, which has no sm_90 (engines.md §8.1).
 
-The graphs are those of ``export.patches``: prefill takes ``(input_ids, position_ids, attention_mask,
+The graphs are those of ``s1omni.export.patches``: prefill takes ``(input_ids, position_ids, attention_mask,
 readout_index)`` and returns the readout hidden states then the state tensors; continue takes
 ``(input_ids, position_ids, past_mask, readout_index, *state)`` and returns the readout hidden
 states. Tensors are bound in the order the manifest recorded from the ONNX graphs.

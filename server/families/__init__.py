@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from runtime.api import DecisionModel
-from runtime.errors import RequestError
+from s1omni.runtime.api import DecisionModel
+from s1omni.runtime.errors import RequestError
 
 from ..config import ServeConfig
 from ..metrics import Metrics

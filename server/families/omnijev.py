@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 
-from runtime.errors import RequestError
-from runtime.omnijev import contract, layout
+from s1omni.runtime.errors import RequestError
+from s1omni.runtime.omnijev import contract, layout
 
 from ..metrics import Metrics
 from ..scheduler import Arrival, Job, Limits, Scheduler
 from ..timing import Timing
 
 if TYPE_CHECKING:
-    from runtime.omnijev.model import OmniJevModel
+    from s1omni.runtime.omnijev.model import OmniJevModel
 
 log = logging.getLogger("s1omni.server")
 

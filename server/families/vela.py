@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 from starlette.concurrency import run_in_threadpool
 
-from runtime.api import DecisionModel, Plan
-from runtime.errors import RequestError
+from s1omni.runtime.api import DecisionModel, Plan
+from s1omni.runtime.errors import RequestError
 
 from .. import envelope, wire
 from ..config import ServeConfig

@@ -10,8 +10,8 @@ import pytest
 @pytest.fixture(scope="session")
 def omnijev_member(s1omni_home: Path):
     """The tiny synthetic OmniJev member (seed 0): its directory and registry entry."""
-    from runtime.registry import user_registry, write_entry
-    from runtime.synth import omnijev
+    from s1omni.runtime.registry import user_registry, write_entry
+    from s1omni.runtime.synth import omnijev
 
     out = s1omni_home / "omnijev-tiny"
     member = omnijev.write(out, "tiny", 0)
@@ -27,6 +27,6 @@ def omnijev_package(omnijev_member) -> Path:
 @pytest.fixture(scope="session")
 def omnijev_model(omnijev_package: Path):
     """The tiny member on the torch reference runner, loaded the way the server loads it."""
-    from runtime.api import load_model
+    from s1omni.runtime.api import load_model
 
     return load_model(omnijev_package)

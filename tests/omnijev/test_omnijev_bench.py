@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from export.bench_workloads import REFERENCE, SCREENSHOT_OPTIONS, resolve
-from server.cli import main
+from s1omni.bench.workloads import REFERENCE, SCREENSHOT_OPTIONS, resolve
+from s1omni.cli.main import main
 
 
 def test_screenshot_expands_to_the_reference_option_counts() -> None:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from runtime.errors import RequestError
-from runtime.omnijev.contract import (
+from s1omni.runtime.errors import RequestError
+from s1omni.runtime.omnijev.contract import (
     MAX_BODY,
     ContractError,
     Kind,

@@ -16,9 +16,9 @@ from typing import Any
 import onnx
 import pytest
 
-from runtime.errors import PackageError
-from runtime.omnijev.model import OmniJevModel
-from runtime.registry import user_registry
+from s1omni.runtime.errors import PackageError
+from s1omni.runtime.omnijev.model import OmniJevModel
+from s1omni.runtime.registry import user_registry
 from tests.cli import s1omni
 from tests.server.serving import Server
 
@@ -74,7 +74,7 @@ def report(engine: Path, omnijev_package: Path, tmp_path_factory: pytest.TempPat
 
 @pytest.fixture(scope="session")
 def engine_model(engine: Path, report: dict[str, Any]) -> OmniJevModel:
-    from runtime.api import load_model
+    from s1omni.runtime.api import load_model
 
     return load_model(engine)
 
@@ -103,8 +103,8 @@ def test_build_carries_every_export_file(exported: Path, engine: Path) -> None:
 
 
 def test_an_unvalidated_engine_is_refused(exported: Path, tmp_path: Path) -> None:
-    from export.build import build
-    from runtime.api import load_model
+    from s1omni.export.build import build
+    from s1omni.runtime.api import load_model
 
     with pytest.raises(PackageError, match="has not passed validation"):
         load_model(build(exported, "onnxruntime", "cpu", tmp_path / "unvalidated"))

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from runtime.omnijev import finish
-from runtime.omnijev.contract import Kind, Question
-from runtime.omnijev.finish import Calibration
+from s1omni.runtime.omnijev import finish
+from s1omni.runtime.omnijev.contract import Kind, Question
+from s1omni.runtime.omnijev.finish import Calibration
 
 
 def calibration(noul: float = 1.0, choice: float = 1.0, score: float = 1.0, bias: float = 0.0) -> Calibration:

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from runtime.digest import sha256_file, sha256_json
-from runtime.errors import PackageError
-from runtime.package import present_files, verify
-from runtime.registry import Member, Registry
+from s1omni.runtime.digest import sha256_file, sha256_json
+from s1omni.runtime.errors import PackageError
+from s1omni.runtime.package import present_files, verify
+from s1omni.runtime.registry import Member, Registry
 
 MANIFEST = "omnijev_export.json"
 SHARD = "model-00001-of-00001.safetensors"

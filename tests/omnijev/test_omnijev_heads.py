@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from runtime.omnijev import features
-from runtime.omnijev.features import option_features, token_logprobs
-from runtime.omnijev.heads import Heads, gelu, softplus
+from s1omni.runtime.omnijev import features
+from s1omni.runtime.omnijev.features import option_features, token_logprobs
+from s1omni.runtime.omnijev.heads import Heads, gelu, softplus
 
 
 def torch_mlp(tensors: dict[str, torch.Tensor], name: str, x: torch.Tensor) -> torch.Tensor:

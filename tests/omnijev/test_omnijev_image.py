@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from runtime.omnijev.image import (
+from s1omni.runtime.omnijev.image import (
     MAX_IMAGE_BYTES,
     ImageRefused,
     Processor,

@@ -10,8 +10,8 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from runtime.omnijev.contract import ContractError, Kind, Question
-from runtime.omnijev.layout import TokenIds, plan_layout, prompt, rope_positions, tokenize
+from s1omni.runtime.omnijev.contract import ContractError, Kind, Question
+from s1omni.runtime.omnijev.layout import TokenIds, plan_layout, prompt, rope_positions, tokenize
 
 GRID = (1, 14, 20)  # the warm-up image's grid: 7 x 10 = 70 image tokens
 IMAGE_TOKENS = 70

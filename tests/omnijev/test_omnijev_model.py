@@ -15,9 +15,9 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from runtime.omnijev.contract import ContractError
-from runtime.omnijev.model import OmniJevModel
-from runtime.synth import omnijev as synth
+from s1omni.runtime.omnijev.contract import ContractError
+from s1omni.runtime.omnijev.model import OmniJevModel
+from s1omni.runtime.synth import omnijev as synth
 
 
 def probabilities(answer: dict[str, Any]) -> dict[str, float]:
@@ -123,7 +123,7 @@ def test_the_4b_size_has_the_released_layout() -> None:
 
 def test_s1omni_synth_and_verify(tmp_path: Path) -> None:
     registry = tmp_path / "registry.json"
-    run = [sys.executable, "-m", "server.cli"]
+    run = [sys.executable, "-m", "s1omni"]
     made = subprocess.run([*run, "synth", "omnijev", "--size", "tiny", "--out", str(tmp_path / "m"), "--seed", "3",
                            "--registry", str(registry)], capture_output=True, text=True, env=os.environ)  # fmt: skip
     assert made.returncode == 0, made.stderr
@@ -318,7 +318,7 @@ def test_plan_refuses_another_model(omnijev_model: OmniJevModel) -> None:
 def test_plan_refuses_an_image_that_does_not_decode(omnijev_model: OmniJevModel) -> None:
     import base64
 
-    from runtime.omnijev.model import warmup_png
+    from s1omni.runtime.omnijev.model import warmup_png
 
     body = omnijev_model.golden_request()
     raw = warmup_png()

@@ -2,8 +2,8 @@
 
 Each server is a subprocess on a free port (``--port 0``; the port is read from uvicorn's log line),
 with ``S1OMNI_HOME`` the session's home and ``--registry`` the session registry, talked to over HTTP with
-httpx. Nothing stands in for the model: members are written by ``runtime.synth.vela2`` and
-``runtime.synth.omnijev`` and loaded by ``runtime.api.load_model`` in the server.
+httpx. Nothing stands in for the model: members are written by ``s1omni.runtime.synth.vela2`` and
+``s1omni.runtime.synth.omnijev`` and loaded by ``s1omni.runtime.api.load_model`` in the server.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from pathlib import Path
 import pytest
 from serving import Server
 
-from runtime.registry import user_registry
+from s1omni.runtime.registry import user_registry
 
 
 def _changed_member(home: Path, seed: int, change: Callable[[dict], None]) -> Path:
     """A tiny member whose calibration ``change`` edits, pinned as changed in the session registry."""
-    from runtime.digest import sha256_file
-    from runtime.registry import write_entry
-    from runtime.synth import vela2
+    from s1omni.runtime.digest import sha256_file
+    from s1omni.runtime.registry import write_entry
+    from s1omni.runtime.synth import vela2
 
     root = home / f"vela2-tiny-s{seed}-changed"
     member = vela2.write(root, "tiny", seed)
@@ -53,8 +53,8 @@ def broken_member(s1omni_home: Path) -> Path:
 @pytest.fixture(scope="session")
 def omnijev_package(s1omni_home: Path) -> Path:
     """The tiny synthetic OmniJev member (seed 0), pinned in the session registry."""
-    from runtime.registry import write_entry
-    from runtime.synth import omnijev
+    from s1omni.runtime.registry import write_entry
+    from s1omni.runtime.synth import omnijev
 
     root = s1omni_home / "omnijev-tiny-served"
     write_entry(user_registry(), omnijev.write(root, "tiny", 0))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from server.metrics import Metrics
+from s1omni.server.metrics import Metrics
 
 
 def test_the_exposition_is_well_formed() -> None:

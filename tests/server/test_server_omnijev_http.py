@@ -16,8 +16,8 @@ import httpx
 import pytest
 from serving import S1OMNI, Server, detail, metric, stages
 
-from runtime.omnijev.contract import MAX_BODY, ContractError
-from runtime.omnijev.model import warmup_png
+from s1omni.runtime.omnijev.contract import MAX_BODY, ContractError
+from s1omni.runtime.omnijev.model import warmup_png
 
 PATH = "/v1/systemone"
 PNG_URL = "data:image/png;base64," + base64.b64encode(warmup_png()).decode("ascii")
@@ -58,7 +58,7 @@ def without_latency(response: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def model(omnijev_package: Path) -> Any:
-    from runtime.api import load_model
+    from s1omni.runtime.api import load_model
 
     return load_model(omnijev_package)
 

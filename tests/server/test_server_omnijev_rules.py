@@ -18,17 +18,17 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.omnijev.model import OmniJevModel
-from server.app import create_app
-from server.config import ServeConfig
-from server.service import ModelSource, Service
+from s1omni.runtime.omnijev.model import OmniJevModel
+from s1omni.server.app import create_app
+from s1omni.server.config import ServeConfig
+from s1omni.server.service import ModelSource, Service
 
 PATH = "/v1/systemone"
 
 
 @pytest.fixture
 def fresh(omnijev_package: Path) -> Callable[[], OmniJevModel]:
-    from runtime.api import load_model
+    from s1omni.runtime.api import load_model
 
     return lambda: load_model(omnijev_package)
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from runtime.errors import RequestError
-from server.metrics import Metrics
-from server.scheduler import EXPIRED, Job, Limits, Scheduler
+from s1omni.runtime.errors import RequestError
+from s1omni.server.metrics import Metrics
+from s1omni.server.scheduler import EXPIRED, Job, Limits, Scheduler
 
 QUESTIONS = {"refund": {"type": "noul", "instructions": "A refund?"}}
 WINDOW_S = 30.0

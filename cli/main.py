@@ -6,9 +6,9 @@ import argparse
 import importlib
 import sys
 
-from runtime.errors import PackageError
+from s1omni.runtime.errors import PackageError
 
-# Subcommand -> module under server.commands exposing HELP, configure(parser) and run(args) -> int.
+# Subcommand -> module under s1omni.cli exposing HELP, configure(parser) and run(args) -> int.
 # Modules import their heavy dependencies inside run(), so --help stays fast.
 COMMANDS = ("members", "verify", "synth", "fetch", "export", "build", "validate", "serve", "bench")
 
@@ -18,9 +18,9 @@ def parser() -> argparse.ArgumentParser:
     sub = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"server.commands.{name}")
+            module = importlib.import_module(f"s1omni.cli.{name}")
         except ModuleNotFoundError as exc:
-            if exc.name != f"server.commands.{name}":
+            if exc.name != f"s1omni.cli.{name}":
                 raise
             continue
         command = sub.add_parser(name, help=module.HELP, description=module.HELP)

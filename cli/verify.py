@@ -13,8 +13,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtime.package import verify
-    from runtime.registry import Registry
+    from s1omni.runtime.package import verify
+    from s1omni.runtime.registry import Registry
 
     package = verify(args.package, Registry.load(args.registry))
     member = package.member

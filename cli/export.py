@@ -21,8 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from export.package_export import export_package
-    from runtime.registry import Registry
+    from s1omni.export.package_export import export_package
+    from s1omni.runtime.registry import Registry
 
     recurrences = ("scan", "fused") if args.recurrence == "both" else (args.recurrence,)
     manifest = export_package(args.package, args.out, Registry.load(args.registry), recurrences)

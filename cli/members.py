@@ -12,7 +12,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtime.registry import Registry
+    from s1omni.runtime.registry import Registry
 
     rows = [("NAME", "FAMILY", "REPO", "REVISION", "FILES")]
     for member in Registry.load(args.registry):

@@ -6,15 +6,15 @@ from typing import TYPE_CHECKING
 from . import add_registry
 
 if TYPE_CHECKING:
-    from ..config import ServeConfig
+    from s1omni.server.config import ServeConfig
 
 HELP = "serve /v1/systemone over HTTP from a member package, an engine, or the embedded demo member"
 VELA_ONLY = ("max_queue", "max_queued_tokens", "max_request_bytes", "batch_window_ms", "max_batch_tokens", "max_batch_plans")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from ..config import DEFAULT_PORT, ServeConfig
-    from ..scheduler import Limits
+    from s1omni.server.config import DEFAULT_PORT, ServeConfig
+    from s1omni.server.scheduler import Limits
 
     defaults, limits = ServeConfig(), Limits()
     source = parser.add_mutually_exclusive_group()
@@ -41,8 +41,8 @@ def _given_vela_only(args: argparse.Namespace) -> list[str]:
 
 
 def _config(args: argparse.Namespace) -> ServeConfig:
-    from ..config import ServeConfig
-    from ..scheduler import Limits
+    from s1omni.server.config import ServeConfig
+    from s1omni.server.scheduler import Limits
 
     window = None if args.batch_window_ms is None else args.batch_window_ms / 1e3
     limits = {
@@ -62,14 +62,14 @@ def run(args: argparse.Namespace) -> int:
     from functools import partial
     from pathlib import Path
 
-    from runtime.api import load_model
-    from runtime.engine import read_manifest
-    from runtime.package import detect_family
-    from runtime.registry import Registry
+    from s1omni.runtime.api import load_model
+    from s1omni.runtime.engine import read_manifest
+    from s1omni.runtime.package import detect_family
+    from s1omni.runtime.registry import Registry
 
-    from .. import demo
-    from ..process import serve
-    from ..service import ModelSource, Service
+    from s1omni.server import demo
+    from s1omni.server.process import serve
+    from s1omni.server.service import ModelSource, Service
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = args.package or args.engine

@@ -73,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
     from pathlib import Path
 
-    from export.bench import Settings, bench
-    from export.bench_http import BenchFailed
+    from s1omni.bench.run import Settings, bench
+    from s1omni.bench.http_load import BenchFailed
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = Path(args.out) if args.out else Path("bench-records") / f"{Path(args.package).name}-{args.device}-{stamp}"

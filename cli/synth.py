@@ -5,7 +5,7 @@ import argparse
 from . import add_registry
 
 HELP = "write a synthetic member (real layout, random deterministic weights) and its registry entry"
-FAMILIES = {"vela2": "runtime.synth.vela2", "omnijev": "runtime.synth.omnijev"}
+FAMILIES = {"vela2": "s1omni.runtime.synth.vela2", "omnijev": "s1omni.runtime.synth.omnijev"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import importlib
 
-    from runtime.registry import user_registry, write_entry
+    from s1omni.runtime.registry import user_registry, write_entry
 
     writer = importlib.import_module(FAMILIES[args.family])
     if args.size not in writer.SIZES:

@@ -19,7 +19,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from .bench_stats import DIGITS, synchronize
+from .stats import DIGITS, synchronize
 
 TOP = 15
 NAME_CHARS = 160  # templated kernel names run to thousands of characters

@@ -15,16 +15,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.api import load_model
-from runtime.engine import load_engine_model, read_manifest, validated
-from runtime.package import detect_family
-from runtime.registry import Registry
-from runtime.runners.torch_runner import release_gpu_memory
+from s1omni.runtime.api import load_model
+from s1omni.runtime.engine import load_engine_model, read_manifest, validated
+from s1omni.runtime.package import detect_family
+from s1omni.runtime.registry import Registry
+from s1omni.runtime.runners.torch_runner import release_gpu_memory
 
-from . import bench_http, bench_record, bench_workloads
-from .bench_http import BenchFailed
-from .bench_stats import now, ratios
-from .bench_workloads import REFERENCE, Workload
+from . import http_load, records, workloads as catalogue
+from .http_load import BenchFailed
+from .stats import now, ratios
+from .workloads import REFERENCE, Workload
 
 PROFILE_ITERATIONS = 5
 MEMBER_KEYS = ("id", "family", "repo", "revision", "model_sha256", "manifest_sha256", "parameters", "weights")
@@ -124,7 +124,7 @@ def load_subjects(
 
 
 def profile(chosen: Workload, models: dict[str, Any], warmup: int) -> dict[str, Any]:
-    from .bench_profile import capture
+    from .profiler import capture
 
     subject = next((name for name in models if name != REFERENCE), REFERENCE)
     call = chosen.call(models[subject])
@@ -152,8 +152,8 @@ def in_process(
             "precision": model.runner.precision,
         }
     for chosen in workloads:
-        record["workloads"].append(bench_workloads.measure(chosen, models, settings.requests, settings.warmup, progress))
-        bench_record.write(record, settings.out)
+        record["workloads"].append(catalogue.measure(chosen, models, settings.requests, settings.warmup, progress))
+        records.write(record, settings.out)
     if profiled is not None:
         record["profile"] = profile(profiled, models, settings.warmup)
 
@@ -190,18 +190,18 @@ def http(
             continue
         log = settings.out / f"serve-{index}.log"
         progress(f"starting s1omni serve for {name} (log {log})")
-        with bench_http.serving(name, [*source, *common], log, settings.start_timeout_s) as server:
-            card = bench_http.card(server)
+        with http_load.serving(name, [*source, *common], log, settings.start_timeout_s) as server:
+            card = http_load.card(server)
             section["servers"][name] = {
                 "command": server.command,
                 "log": log.name,
                 **{key: card.get(key) for key in ("engine", "device", "dtype")},
             }
             record["member"] = record["member"] or member_facts(card)
-            section["runs"] += bench_http.measure(
+            section["runs"] += http_load.measure(
                 server, chosen.body, settings.concurrency, settings.requests, settings.warmup, progress
             )
-        bench_record.write(record, settings.out)
+        records.write(record, settings.out)
     section["ratios"] = http_ratios(section["runs"])
     record["failures"] = sum(sum(run["failures"].values()) for run in section["runs"])
 
@@ -223,20 +223,20 @@ def bench(settings: Settings) -> dict[str, Any]:
     check(settings, manifests)
     family = detect_family(settings.package)
     # Every workload name is resolved now, so a typo fails before minutes of loading.
-    workloads = bench_workloads.resolve(settings.workloads, settings.tokens, family)
-    profiled = bench_workloads.named(settings.profile, family) if settings.profile else None
-    served = bench_workloads.named(settings.http_workload, family) if settings.http else None
+    workloads = catalogue.resolve(settings.workloads, settings.tokens, family)
+    profiled = catalogue.named(settings.profile, family) if settings.profile else None
+    served = catalogue.named(settings.http_workload, family) if settings.http else None
     if served is not None and (served.body is None or served.copies > 1):
         raise SystemExit("s1omni bench: --http-workload must be one request (router, long-span or a case name; the clients merge)")
     names = subject_names(manifests)
     settings.out.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
-        "format": bench_record.FORMAT,
+        "format": records.FORMAT,
         "command": list(settings.command),
         "started": now(),
         "finished": None,
         "settings": {key: value for key, value in asdict(settings).items() if key != "command"},
-        "machine": bench_record.machine(),
+        "machine": records.machine(),
         "member": None,
         "subjects": {
             REFERENCE: {"package": str(settings.package)},
@@ -257,8 +257,8 @@ def bench(settings: Settings) -> dict[str, Any]:
         http(settings, served, names, manifests, record)
     record["finished"] = now()
     record["plot"] = "bench.png"
-    bench_record.plot(record, settings.out / record["plot"])
-    path = bench_record.write(record, settings.out)
+    records.plot(record, settings.out / record["plot"])
+    path = records.write(record, settings.out)
     progress(f"wrote {path} and {settings.out / record['plot']}")
     if record["failures"]:
         raise BenchFailed(f"{record['failures']} HTTP requests failed (see {path})")

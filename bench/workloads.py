@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
-from runtime.runners.base import Block, Prefix, Tree
+from s1omni.runtime.runners.base import Block, Prefix, Tree
 
-from .bench_stats import now, ratios, summarize, time_calls, to_ms
+from .stats import now, ratios, summarize, time_calls, to_ms
 
-CALIB = Path(__file__).resolve().parent.parent / "calib"
+from s1omni.calib import CALIB
 BACKBONE = re.compile(r"backbone-(\d+)")
 SCREENSHOT = re.compile(r"screenshot-(\d+)")
 MERGED = re.compile(r"(.+)@([1-9]\d*)")

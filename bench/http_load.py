@@ -28,8 +28,8 @@ from typing import Any
 
 import httpx
 
-from .bench_stats import DIGITS, median_by_key, now, summarize, to_ms
-from .bench_workloads import answer_errors
+from .stats import DIGITS, median_by_key, now, summarize, to_ms
+from .workloads import answer_errors
 
 HOST = "127.0.0.1"
 PATH = "/v1/systemone"
@@ -99,7 +99,7 @@ def serving(name: str, serve_args: Sequence[str], log: Path, start_timeout_s: fl
     """``s1omni serve SERVE_ARGS`` on a free port, ready; stopped on exit."""
     port = free_port()
     # The interpreter running the bench, so the server runs the same code and packages.
-    command = [sys.executable, "-m", "server.cli", "serve", *serve_args, "--host", HOST, "--port", str(port)]
+    command = [sys.executable, "-m", "s1omni", "serve", *serve_args, "--host", HOST, "--port", str(port)]
     with log.open("wb") as handle:
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT)
     try:

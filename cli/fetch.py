@@ -14,8 +14,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtime.fetch import fetch
-    from runtime.registry import Registry
+    from s1omni.runtime.fetch import fetch
+    from s1omni.runtime.registry import Registry
 
     package = fetch(Registry.load(args.registry), args.member, args.out)
     print(f"ok {package.member.name}@{package.member.revision} in {args.out}")

@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from export.validate import validate
+    from s1omni.export.validate import validate
 
     if args.registry:
         os.environ["S1OMNI_REGISTRY"] = args.registry

@@ -33,13 +33,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--cuda-graphs",
         action="store_true",
         help="onnxruntime/cuda only: replay each shape of the smaller calls (up to "
-        "runtime.runners.cuda_graphs.MAX_GRAPH_TOKENS tokens) as a CUDA graph, one launch a run instead of thousands "
+        "s1omni.runtime.runners.cuda_graphs.MAX_GRAPH_TOKENS tokens) as a CUDA graph, one launch a run instead of thousands "
         "(widths rounded up to buckets of at most 12.5%% padding; the first run of each shape captures it)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from export.build import build
+    from s1omni.export.build import build
 
     out = build(args.export_dir, args.backend, args.target, args.out, args.precision, args.gated_delta_kernel, args.op_fusion, args.cuda_graphs)
     print(f"built {args.backend}/{args.target} engine in {out}; validate it with `s1omni validate {out} --package PKG`")

@@ -1,0 +1,1 @@
+"""Backbone runners: one protocol (``base``), three implementations (torch, ONNX Runtime, TensorRT)."""
