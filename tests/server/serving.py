@@ -127,26 +127,35 @@ def exchange(server: Server, data: bytes, *, until_closed: bool = False, timeout
     """Send ``data`` on a fresh connection as a naive client does (all of it, then read) and read
     one response; with ``until_closed`` also read on until the server closes, which must be an
     orderly close with nothing more sent (a reset raises ``ConnectionResetError``)."""
-    host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=timeout) as connection:
+    with connect(server, timeout) as connection:
         connection.sendall(data)
-        received = b""
-        while b"\r\n\r\n" not in received:
-            chunk = connection.recv(65536)
-            assert chunk, f"the connection closed before a response came: {received!r}"
-            received += chunk
-        head, _, body = received.partition(b"\r\n\r\n")
-        status_line, *lines = head.decode("latin-1").split("\r\n")
-        headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
-        length = int(headers["content-length"])
-        while len(body) < length:
-            chunk = connection.recv(65536)
-            assert chunk, "the connection closed inside the response body"
+        return read_response(connection, until_closed=until_closed)
+
+
+def connect(server: Server, timeout: float = 60) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=timeout)
+
+
+def read_response(connection: socket.socket, *, until_closed: bool = False) -> Exchange:
+    """One response read off ``connection`` (see ``exchange``)."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = connection.recv(65536)
+        assert chunk, f"the connection closed before a response came: {received!r}"
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    length = int(headers["content-length"])
+    while len(body) < length:
+        chunk = connection.recv(65536)
+        assert chunk, "the connection closed inside the response body"
+        body += chunk
+    if until_closed:
+        while chunk := connection.recv(65536):
             body += chunk
-        if until_closed:
-            while chunk := connection.recv(65536):
-                body += chunk
-            assert len(body) == length, f"more than one response: {body!r}"
+        assert len(body) == length, f"more than one response: {body!r}"
     return Exchange(int(status_line.split()[1]), headers, body[:length])
 
 

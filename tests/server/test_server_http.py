@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from serving import FRAMING_ERRORS, FRAMING_PREFIX, Server, error, exchange, metric, stages
 
@@ -108,6 +110,43 @@ def test_a_tiny_deadline_answers_every_question_deadline_exceeded(server: Server
     assert list(body["answers"]) == list(FIVE_KINDS)
     assert body["usage"] == {"input_tokens": 0, "output_tokens": 0}
     assert stages(response)["forward"] == 0
+    assert metric(server.metrics(), "s1omni_deadline_expired_total") == before + 1
+
+
+# About 1,200 tokens and 32 rows: one forward of a second or more on the CPU, however fast the host.
+LONG = {
+    "state": "Please refund the duplicate charge of forty euros to my card today. " * 10,
+    "questions": {
+        f"q{index}": {"type": "choice", "instructions": f"Question {index} about the refund?", "criteria": {f"o{option}": f"option {option}" for option in range(8)}}
+        for index in range(4)
+    },
+}
+DEADLINE_MS = 200
+# How late past its deadline a request queued behind a forward may be answered (its measure is printed).
+DEADLINE_SLACK_S = 0.1
+
+
+def test_a_deadline_passing_behind_a_long_forward_is_answered_when_it_passes(server: Server) -> None:
+    async def scenario() -> tuple[httpx.Response, float, bool, httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as client:
+            long = asyncio.create_task(client.post("/v1/systemone", json=LONG))
+            while True:  # its job taken by the worker: its forward has begun
+                text = (await client.get("/metrics")).text
+                if metric(text, "s1omni_pending_jobs") == 1 and metric(text, "s1omni_queue_depth") == 0:
+                    break
+                await asyncio.sleep(0.005)
+            sent = time.monotonic()
+            late = await client.post("/v1/systemone", json={**SMALL, "options": {"deadline_ms": DEADLINE_MS}})
+            waited = time.monotonic() - sent
+            return late, waited, long.done(), await long
+
+    before = metric(server.metrics(), "s1omni_deadline_expired_total")
+    late, waited, long_done, long = asyncio.run(scenario())
+    print(f"answered {(waited - DEADLINE_MS / 1e3) * 1e3:.1f} ms after its {DEADLINE_MS} ms deadline")
+    assert late.status_code == 200 and late.json()["answers"] == {"refund": {"type": "noul", "error": "deadline_exceeded"}}, late.text
+    assert stages(late)["forward"] == 0
+    assert not long_done and long.status_code == 200, long.text  # answered while the forward still ran
+    assert DEADLINE_MS / 1e3 <= waited < DEADLINE_MS / 1e3 + DEADLINE_SLACK_S
     assert metric(server.metrics(), "s1omni_deadline_expired_total") == before + 1
 
 
