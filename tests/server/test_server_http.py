@@ -286,10 +286,11 @@ def test_a_naive_client_sending_a_body_over_the_limit_reads_the_413(server: Serv
     assert server.post(SMALL).status_code == 200
 
 
-@pytest.mark.parametrize(("path", "status"), [("/v1/nothing", 404), ("/v1/bundle", 422)])
-def test_every_early_refusal_reaches_a_naive_client(server: Server, path: str, status: int) -> None:
+@pytest.mark.parametrize(("method", "path", "status"), [("POST", "/v1/nothing", 404), ("POST", "/v1/bundle", 422), ("PUT", "/v1/systemone", 405)])
+def test_every_early_refusal_reaches_a_naive_client(server: Server, method: str, path: str, status: int) -> None:
     body = b" " * (4 << 20)
-    response = exchange(server, post_head(path, len(body)) + body, until_closed=True)
+    head = post_head(path, len(body)).replace(b"POST", method.encode(), 1)
+    response = exchange(server, head + body, until_closed=True)
     assert response.status == status and response.headers["connection"] == "close"
     assert list(response.json()) == ["error"]
 

@@ -295,6 +295,8 @@ def test_a_model_that_never_loads_is_never_ready(s1omni_home: Path, omnijev_pack
         assert server.client.get("/health").status_code == 503 and "no registry entry" in health["detail"]
         response = server.post(SMALL)
         assert detail(response, 503).startswith("the model is failed") and response.headers["retry-after"] == "1"
+        naive = exchange(server, post_head(4 << 20) + b" " * (4 << 20), until_closed=True)  # refused before its body
+        assert naive.status == 503 and naive.json()["detail"].startswith("the model is failed")
     finally:
         server.stop()
 
