@@ -23,8 +23,8 @@ from polygraphy.comparator import Comparator, CompareFunc, RunResults
 
 from s1omni.runtime.engine import load_engine_model, read_manifest, record_validation
 
-from .families import export_family
 from .compare_answers import CaseStats
+from .families import export_family
 from .reference import REFERENCE_RUNNER, answers_from, case_feeds, compared, layout_digest, load_cases, load_reference, make_reference
 
 from s1omni.calib import CALIB

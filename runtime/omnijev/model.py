@@ -168,8 +168,8 @@ class OmniJevModel:
 
     @classmethod
     def from_package(cls, package: VerifiedPackage, device: str = "cpu", precision: str | None = None) -> OmniJevModel:
-        """The torch reference over a verified package, in the released float32 weights: ``precision``
-        (the face's, Vela 2.0's bf16 autocast choice) is not applied."""
+        """The torch reference over a verified package, in the released float32 weights; ``precision``
+        (Vela 2.0's bf16 autocast choice, which every face takes) is not applied."""
         root, details = package.root, package.details
         manifest, config = details["manifest"], details["config"]
         processor_config = read_json(root / PROCESSOR_CONFIG) if PROCESSOR_CONFIG in manifest["outputs"] else None
