@@ -48,7 +48,7 @@ from test_server_overload import SMALL, burst, check_burst  # noqa: E402
 
 from s1omni.bench.http_load import free_port  # noqa: E402
 from s1omni.runtime.registry import user_registry  # noqa: E402
-from s1omni.server.ray_serve import APP  # noqa: E402
+from s1omni.server.ray_serve import APP, STATE_PERIOD_S  # noqa: E402
 
 REPLICAS, MAX_QUEUE = 2, 4
 DEPLOY_TIMEOUT_S = 300
@@ -70,14 +70,14 @@ class Deployment:
     def post(self, body: object, path: str = "/v1/systemone") -> httpx.Response:
         return self.client.post(path, json=body)
 
-    def deploy(self, package: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    def deploy(self, package: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """``s1omni serve --ray`` against the cluster: it deploys (or redeploys), waits for it, and exits."""
         port = self.url.rsplit(":", 1)[1]
         command = [str(S1OMNI), "serve", str(package), "--ray", "--ray-address", self.address, "--port", port]
         command += ["--replicas", str(REPLICAS), "--max-queue", str(MAX_QUEUE), "--registry", str(user_registry()), *args]
         env = {**os.environ, "S1OMNI_HOME": str(self.home)}
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=DEPLOY_TIMEOUT_S)
-        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.returncode == 0 or not check, done.stdout + done.stderr
         return done
 
 
@@ -97,10 +97,16 @@ def server(tiny_vela: Path, s1omni_home: Path) -> Iterator[Deployment]:
 
 
 def replicas_seen(server: Deployment, waves: int = 4) -> Counter[str]:
-    """``X-Replica`` of ``waves`` bursts of one queue's worth of small requests, every one answered 200."""
-    responses = [response for _ in range(waves) for response in burst(server, MAX_QUEUE, SMALL)]
-    assert {response.status_code for response in responses} == {200}, [r.text for r in responses]
-    return Counter(response.headers["x-replica"] for response in responses)
+    """``X-Replica`` of at least ``waves`` bursts of one queue's worth of small requests, until every
+    replica has answered (or 20 bursts); every request answered 200."""
+    seen: Counter[str] = Counter()
+    for wave in range(20):
+        responses = burst(server, MAX_QUEUE, SMALL)
+        assert {response.status_code for response in responses} == {200}, [r.text for r in responses]
+        seen.update(response.headers["x-replica"] for response in responses)
+        if wave + 1 >= waves and len(seen) == REPLICAS:
+            break
+    return seen
 
 
 def replica_pid(replica: str) -> int:
@@ -108,14 +114,24 @@ def replica_pid(replica: str) -> int:
     return ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
 
 
-def wait_healthy(server: Deployment) -> None:
+def health_until_back(server: Deployment, said: list[httpx.Response]) -> None:
+    """Poll ``/health`` into ``said`` until it has said 503 and then 200 again, or ``BACK_WITHIN_S`` passed."""
     deadline = time.monotonic() + BACK_WITHIN_S
-    while (health := server.client.get("/health")).status_code != 200:
-        assert health.status_code == 503 and health.json()["status"] == "degraded", health.text
-        assert time.monotonic() < deadline, f"not back to {REPLICAS} warm replicas within {BACK_WITHIN_S} s: {health.text}"
-        time.sleep(0.5)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        while time.monotonic() < deadline:
+            said.append(client.get("/health"))
+            if said[-1].status_code == 200 and any(response.status_code == 503 for response in said):
+                return
+            time.sleep(0.2)
+
+
+def assert_every_replica_running(server: Deployment) -> None:
     state = serve.status().applications[APP].deployments[APP]
     assert state.status == "HEALTHY" and state.replica_states == {"RUNNING": REPLICAS}, state
+    deadline = time.monotonic() + 2 * STATE_PERIOD_S + 1  # each replica reads that state once a second
+    while (health := server.client.get("/health")).status_code != 200:
+        assert time.monotonic() < deadline, health.text
+        time.sleep(0.1)
 
 
 def test_both_replicas_answer(server: Deployment) -> None:
@@ -176,6 +192,8 @@ def test_killing_a_replica_mid_burst_answers_its_requests_and_it_comes_back(serv
     victim = replicas_seen(server).most_common(1)[0][0]
     pid = replica_pid(victim)
     killed = threading.Event()
+    said: list[httpx.Response] = []
+    watcher = threading.Thread(target=health_until_back, args=(server, said))
 
     async def send() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
@@ -186,6 +204,7 @@ def test_killing_a_replica_mid_burst_answers_its_requests_and_it_comes_back(serv
                 if response.headers.get("x-replica") == victim and not killed.is_set():
                     killed.set()  # the victim is answering: it holds admitted requests now
                     os.kill(pid, signal.SIGKILL)
+                    watcher.start()
                 return response
 
             return await asyncio.gather(*(one() for _ in range(4 * REPLICAS * MAX_QUEUE)))
@@ -199,7 +218,12 @@ def test_killing_a_replica_mid_burst_answers_its_requests_and_it_comes_back(serv
         if response.status_code == 429:
             error(response, 429, "overloaded")
             assert response.headers["retry-after"] == "1"
-    wait_healthy(server)
+    watcher.join(BACK_WITHIN_S + 30)
+    degraded = [response for response in said if response.status_code == 503]
+    assert degraded and said[-1].status_code == 200, [response.text for response in said]
+    body = degraded[0].json()
+    assert body["status"] == "degraded" and body["reason"].startswith("the Ray Serve deployment is "), body
+    assert_every_replica_running(server)
     assert victim not in replicas_seen(server)
 
 
@@ -228,4 +252,21 @@ def test_a_redeploy_under_load_drops_no_request(server: Deployment, tiny_vela: P
     assert statuses == {200: len(answered)} and len(answered) > 0, statuses
     after = set(replicas_seen(server))
     assert len(after) == REPLICAS and not after & before, (before, after)
-    wait_healthy(server)
+    assert_every_replica_running(server)
+
+
+def test_a_model_that_cannot_load_says_which_node_and_the_old_replicas_serve_on(server: Deployment, broken_member: Path) -> None:
+    """The path of an engine refused for another compute capability: the replica's load fails. Ray
+    Serve gives up after 3 starts per replica (about a minute here) and keeps the old replicas."""
+    done = server.deploy(broken_member, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    message = done.stderr.strip().splitlines()
+    node = ray.util.get_node_ip_address()
+    assert any(f"{broken_member.name} cannot be served on {node} (node " in line and "non-finite" in line for line in message), done.stderr
+    response = server.post(SMALL)
+    assert response.status_code == 200 and response.json()["model"] != broken_member.name, response.text
+
+
+def test_ray_options_need_ray(tiny_vela: Path) -> None:
+    done = subprocess.run([str(S1OMNI), "serve", str(tiny_vela), "--replicas", "2"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "--replicas apply with --ray only" in done.stderr, done.stderr
