@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = args.package or args.engine
+    if path is not None and args.ray:
+        path = str(Path(path).absolute())  # each replica loads it in its own process, on its own node
     if path is not None and not Path(path).is_dir():
         raise SystemExit(f"s1omni serve: {path} is not a directory")
     if args.engine and not (Path(args.engine) / "manifest.json").is_file():
@@ -106,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _deploy_on_ray(args: argparse.Namespace, config: ServeConfig, source: ModelSource) -> int:
     try:
-        from s1omni.server.ray_serve import Cluster, deploy
+        from s1omni.server.ray_serve import Cluster, DeploymentFailed, deploy
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("ray"):
             raise
@@ -124,4 +126,7 @@ def _deploy_on_ray(args: argparse.Namespace, config: ServeConfig, source: ModelS
         args.min_replicas,
         args.max_replicas,
     )
-    return deploy(config, source, cluster, args.device, args.log_level)
+    try:
+        return deploy(config, source, cluster, args.device, args.log_level)
+    except DeploymentFailed as exc:
+        raise SystemExit(f"s1omni serve: {exc}") from None

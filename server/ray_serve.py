@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -49,6 +50,10 @@ APP = "s1omni"  # the Ray Serve application, and its one deployment
 REPLICA_HEADER = b"x-replica"
 STATE_PERIOD_S = 1.0  # how often each replica reads the deployment's state for /health
 WARM_POLL_S = 0.05
+
+
+class DeploymentFailed(RuntimeError):
+    """Ray Serve could not start the deployment; the message is Ray Serve's, with each replica's reason."""
 
 
 @dataclass(frozen=True)
@@ -132,9 +137,11 @@ class Replica:
 def options(cluster: Cluster, device: str, config: ServeConfig, family: str) -> dict[str, Any]:
     """The deployment's Ray Serve options: resources, routing bound, replica count or autoscaling bounds."""
     limits = family_for(family, config, Metrics()).limits
-    resources = {"num_gpus": cluster.gpus_per_replica} if device == "cuda" else {"num_cpus": 1}
+    resources: dict[str, Any] = {"num_gpus": cluster.gpus_per_replica} if device == "cuda" else {"num_cpus": 1}
+    # The deploying process's s1omni settings (home, registry) hold in every replica, on any node.
+    settings = {name: value for name, value in os.environ.items() if name.startswith("S1OMNI_")}
     chosen: dict[str, Any] = {
-        "ray_actor_options": resources,
+        "ray_actor_options": {**resources, "runtime_env": {"env_vars": settings}},
         "max_ongoing_requests": 2 * limits.max_queue,
         # Ray Serve waits this long for a stopping replica's requests before it kills it.
         "graceful_shutdown_timeout_s": config.drain_timeout_s,
@@ -161,8 +168,8 @@ def deploy(config: ServeConfig, source: ModelSource, cluster: Cluster, device: s
     application = Replica.options(**options(cluster, device, config, source.family)).bind(config, source, log_level)
     try:
         serve.run(application, name=APP, route_prefix="/")
-    except RuntimeError as exc:  # the deployment failed: its message says which replica and node, and why
-        raise SystemExit(f"s1omni serve: {exc}") from None
+    except RuntimeError as exc:  # serve.run's way of saying the application went DEPLOY_FAILED
+        raise DeploymentFailed(str(exc)) from None
     url = f"http://{config.host}:{config.port}"
     if cluster.address is not None:
         log.info("Ray Serve serves %s at %s on the cluster at %s", source.label, url, cluster.address)
