@@ -2,9 +2,10 @@
 ``s1omni serve --ray --ray-address`` with two replicas, real HTTP through Ray Serve's proxy.
 
 The contract tests of ``test_server_http`` are imported and run here against the deployment, except
-those that read one process's log or compare two ``/metrics`` scrapes (each scrape is one
-replica's); the burst helpers are ``test_server_overload``'s. One deployment serves the module;
-the test that redeploys it runs last.
+those that read one process's log, compare two ``/metrics`` scrapes (each scrape is one replica's)
+or expect the default queue limits (each replica here admits 4); the Ray variants of those are
+below, and the burst helpers are ``test_server_overload``'s. One deployment serves the module; the
+tests that redeploy it run last.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def replicas_seen(server: Deployment, waves: int = 4) -> Counter[str]:
 
 
 def replica_pid(replica: str) -> int:
+    """The process of a replica, through its actor (Ray Serve names it after the replica's full id)."""
     actor = ray.get_actor(f"SERVE_REPLICA::{APP}#{APP}#{replica}", namespace="serve")
     return ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
 
