@@ -49,7 +49,9 @@ from test_server_overload import SMALL, burst, check_burst  # noqa: E402
 
 from s1omni.bench.http_load import free_port  # noqa: E402
 from s1omni.runtime.registry import user_registry  # noqa: E402
-from s1omni.server.ray_serve import APP, STATE_PERIOD_S  # noqa: E402
+from s1omni.server.config import ServeConfig  # noqa: E402
+from s1omni.server.ray_serve import APP, STATE_PERIOD_S, Cluster, Replica, options  # noqa: E402
+from s1omni.server.scheduler import Limits  # noqa: E402
 
 REPLICAS, MAX_QUEUE = 2, 4
 DEPLOY_TIMEOUT_S = 300
@@ -270,6 +272,20 @@ def test_a_model_that_cannot_load_says_which_node_and_the_old_replicas_serve_on(
     assert any(f"{broken_member.name} cannot be served on {node} (node " in line and "non-finite" in line for line in message), done.stderr
     response = server.post(SMALL)
     assert response.status_code == 200 and response.json()["model"] != broken_member.name, response.text
+
+
+def test_autoscaling_bounds_and_the_routing_bound_go_to_ray_serve() -> None:
+    config = ServeConfig(limits=Limits(max_queue=4, max_batch_plans=8))
+    scaled = options(Cluster(replicas=3, min_replicas=2, max_replicas=5), "cuda", config, "vela2")
+    assert scaled["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 5, "initial_replicas": 3, "target_ongoing_requests": 8}
+    assert "num_replicas" not in scaled and scaled["max_ongoing_requests"] == 8
+    assert scaled["ray_actor_options"]["num_gpus"] == 1.0
+    fixed = options(Cluster(replicas=2), "cpu", config, "vela2")
+    assert fixed["num_replicas"] == 2 and fixed["ray_actor_options"]["num_cpus"] == 1 and "autoscaling_config" not in fixed
+    for chosen in (scaled, fixed):
+        Replica.options(**chosen)  # Ray Serve's own validation of the options
+    with pytest.raises(ValueError, match="max_replicas"):
+        Replica.options(**{**scaled, "autoscaling_config": {**scaled["autoscaling_config"], "max_replicas": 1}})
 
 
 def test_ray_options_need_ray(tiny_vela: Path) -> None:
