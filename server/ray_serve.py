@@ -163,7 +163,8 @@ def options(cluster: Cluster, device: str, config: ServeConfig, family: str) -> 
 
 def deploy(config: ServeConfig, source: ModelSource, cluster: Cluster, device: str, log_level: str = "info") -> int:
     """Deploy (or redeploy, replica by replica) on Ray Serve; with a local cluster, serve until a signal."""
-    ray.init(address=cluster.address, logging_level=log_level.upper())
+    # "local": a new cluster even where `ray start` left one on this machine (ray.init would join it).
+    ray.init(address=cluster.address or "local", logging_level=log_level.upper())
     serve.start(http_options={"host": config.host, "port": config.port})
     application = Replica.options(**options(cluster, device, config, source.family)).bind(config, source, log_level)
     try:

@@ -87,7 +87,7 @@ class Deployment:
 @pytest.fixture(scope="module")
 def server(tiny_vela: Path, s1omni_home: Path) -> Iterator[Deployment]:
     # Three logical CPUs: two CPU replicas, and room for a replacement while one stops.
-    context = ray.init(num_cpus=REPLICAS + 1, include_dashboard=False, log_to_driver=False)
+    context = ray.init(address="local", num_cpus=REPLICAS + 1, include_dashboard=False, log_to_driver=False)
     url = f"http://127.0.0.1:{free_port()}"
     deployment = Deployment(url, httpx.Client(base_url=url, timeout=120), context.address_info["gcs_address"], s1omni_home)
     try:
