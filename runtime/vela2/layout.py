@@ -81,18 +81,34 @@ class Tokens:
 
 @dataclass(frozen=True)
 class EncodedPart:
-    """A part's ids; offsets and words only where a span question reads it."""
+    """A part's ids; offsets and words only where a span question reads it. ``whole`` is the whole
+    part's token count where ``ids`` are only its first tokens (``cut``)."""
 
     role: str
     ids: np.ndarray
     offsets: np.ndarray | None = None
     words: Words | None = None
+    whole: int | None = None
+
+    @property
+    def length(self) -> int:
+        """Tokens of the whole part (the PII length rule reads them), cut or not."""
+        return len(self.ids) if self.whole is None else self.whole
 
     def window(self, start: int, end: int) -> EncodedPart:
         """Tokens ``[start, end)``, with the words whose first token lies inside, re-based."""
         assert self.words is not None and self.offsets is not None
         words, _ = window_words(self.words, start, end)
         return EncodedPart(self.role, self.ids[start:end], self.offsets[start:end], words)
+
+    def cut(self, length: int) -> EncodedPart:
+        """The part's first ``length`` tokens, with the words they start (``overflow: truncate``)."""
+        if len(self.ids) <= length:
+            return self
+        if self.words is None or self.offsets is None:
+            return EncodedPart(self.role, self.ids[:length], whole=self.length)
+        words, _ = window_words(self.words, 0, length)
+        return EncodedPart(self.role, self.ids[:length], self.offsets[:length], words, self.length)
 
 
 @dataclass
