@@ -1,5 +1,5 @@
 """Request and answer rules of the Vela 2.0 contract (issue 18): repeated score levels, input
-coverage, ``overflow``, question ids, model-output
+coverage, ``overflow``, the unread span block of a windowed row, question ids, model-output
 failures, the default scan budget, colliding label answers and the PII sparse gate's boundary
 (wire-contract.md §3, §5, §7; vela2-decoder.md §2.6, §3.5, §3.7, §4.4)."""
 
@@ -134,6 +134,26 @@ def test_window_is_the_default_and_truncate_reads_the_first_tokens(tiny_model) -
     whole = tiny_model.plan({"state": state, "questions": questions})
     assert not whole.request.errors and len(whole.rows) == 1  # under the budget, truncate reads as window does
     assert plan.trees[0][0].prefix.ids.size < whole.trees[0][0].prefix.ids.size
+
+
+# -- 4. the unread span block of a windowed row ---------------------------------------------------
+
+
+def test_a_windowed_span_block_stays_in_its_row_tree_unread(tiny_model) -> None:
+    body = {"state": PROSE * 45, "questions": {"pii": {"preset": "pii"}, "topic": FIVE_KINDS["n"]}}
+    plan = tiny_model.plan(body)
+    (row, trees), = plan.rows
+    assert trees is not None and len(trees.windows) >= 2
+    row_tree, blocks = plan.trees[0]
+    assert [block.question.id for block in blocks] == ["topic", "pii"]
+    span = blocks[1]
+    assert span is trees.span and not span.read and span.readouts().size == 0
+    assert row_tree.blocks[1].readouts.size == 0 and len(row_tree.blocks[1].ids) == len(span.ids)
+    assert len(plan.trees) == 1 + len(trees.windows)
+    assert plan.input_tokens == sum(tree.tokens for tree, _ in plan.trees)  # usage counts what runs
+    outputs = tiny_model.read([plan], [[np.zeros((len(b.readouts()), tiny_model.runner.hidden_size), np.float32)
+                                         for b in tree_blocks] for _, tree_blocks in plan.trees])[0]  # fmt: skip
+    assert id(span) not in outputs and id(blocks[0]) in outputs
 
 
 # -- 5. question ids ------------------------------------------------------------------------------

@@ -294,7 +294,8 @@ class Vela2Model:
             outputs: dict[int, np.ndarray] = {}
             for _, blocks in plan.trees:
                 for block, rows in zip(blocks, next(trees), strict=True):
-                    outputs[id(block)] = self._read(block, rows)
+                    if block.read:
+                        outputs[id(block)] = self._read(block, rows)
             results.append(outputs)
         return results
 
