@@ -177,15 +177,17 @@ def test_bound_weights_are_the_package_tensors(engine: Path, tiny_vela: Path) ->
     _, source = package_backbone(tiny_vela)
     for file in ("prefill.onnx", "continue.fused.onnx"):
         model = onnx.load(str(engine / file))
+        # What each folded constant was folded from, as the optimiser records it on the value.
+        sources = {v.name: ast.literal_eval(e.value) for v in model.graph.value_info for e in v.metadata_props if e.key == FOLDED_FROM_KEY}
         compared = set()
         for tensor in model.graph.initializer:
-            folded = {entry.key: entry.value for entry in tensor.metadata_props}.get(FOLDED_FROM_KEY)
-            names = [tensor.name] if tensor.name.startswith("model.") else ast.literal_eval(folded) if folded else []
-            if len(names) != 1 or not names[0].startswith("model."):
-                continue  # a constant of the graph's own, or one folded from several values (1 + weight)
+            names = [tensor.name] if tensor.name.startswith("model.") else sources.get(tensor.name, [])
+            folded = names != [tensor.name]
+            if len(names) != 1 or not names[0].startswith("model.") or (folded and len(tensor.dims) != 2):
+                continue  # a constant of the graph's own, or one computed from weights (1 + weight, -exp(A_log))
             weight, values = names[0].removeprefix("model."), numpy_helper.to_array(tensor)
             expected = source.read(weight)
-            if values.shape != expected.shape:
+            if folded:  # a matrix folded from one weight: its transpose, as the MatMul reads it
                 expected = expected.T
             assert values.dtype == np.float32 and values.tobytes() == np.ascontiguousarray(expected).tobytes(), (file, tensor.name)
             compared.add(weight)
