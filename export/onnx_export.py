@@ -34,6 +34,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -131,6 +132,13 @@ def graph_file(graph: str, recurrence: str) -> str:
 
 def progress(message: str) -> None:
     print(f"export: {message}", file=sys.stderr, flush=True)
+
+
+def move_into(directory: Path, target: Path) -> None:
+    """Move the files of ``directory`` (an exporter's own atomic output) into ``target`` and remove it."""
+    for path in sorted(directory.iterdir()):
+        shutil.move(str(path), target / path.name)
+    directory.rmdir()
 
 
 def package_backbone(package_dir: Path) -> tuple[Any, PackageTensors]:
