@@ -124,6 +124,7 @@ def identity_of(package: VerifiedPackage) -> Identity:
 
 class Vela2Model:
     family = "vela2"
+    validation: dict[str, Any] | None = None  # a validated engine's: the gate it met (``runtime.engine.served_validation``)
 
     def __init__(
         self,
@@ -205,6 +206,8 @@ class Vela2Model:
         }
         if identity.synthetic:
             card["weights"] = "random (synthetic member)"
+        if self.validation is not None:
+            card["validation"] = self.validation
         return card
 
     def numerics(self) -> str:
