@@ -123,6 +123,9 @@ def judge(gate_name: str, gate: dict[str, Any], compare: Compare, reference: lis
     failures: list[str] = []
     if reduced and theirs is None:
         failures.append("gpu-reduced holds the engine to the BF16 reference, which is recorded on a GPU only: validate on a GPU")
+    for case, problems in zip(bf16 or [], theirs.failures if theirs is not None else [], strict=True):
+        # A bound taken from a broken record would hold nothing (an infinite relative L2 allows any).
+        failures.extend(f"the BF16 reference's case {case.name}: {problem}; make it again" for problem in problems)
 
     def bound(name: str) -> float:
         """A fixed gate's bound, or a reduced gate's max(floor, factor x the BF16 reference's run figure)."""

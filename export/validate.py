@@ -25,7 +25,7 @@ from polygraphy.comparator import Comparator, RunResults
 from s1omni.runtime.engine import VALIDATOR_VERSION, current_gate, load_engine_model, read_manifest, record_validation
 
 from .case_io import case_io
-from .gate import REDUCED, CaseRecord, judge
+from .gate import CaseRecord, judge
 from .reference import (
     REFERENCE_RUNNER, answers_from, case_feeds, cases_digest, compared, find_record, layout_digest, load_cases,
     load_reference, make_reference, record_dir, reference_roots,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,13 +96,20 @@ def test_build_refuses_options_its_target_cannot_honour(exported: Path, tmp_path
     assert result.returncode != 0 and message in result.stderr and not (tmp_path / "e").exists()
 
 
-def test_validate_meets_the_cpu_gate_and_records_it(engine: Path, tiny_vela: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def validation(engine: Path, tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """``s1omni validate`` of the CPU engine (exit 0 asserted) and its report."""
+    report = tmp_path_factory.mktemp("validation") / "report.json"
+    result = s1omni("validate", str(engine), "--package", str(tiny_vela), "--report", str(report))
+    return result, json.loads(report.read_text())
+
+
+def test_validate_meets_the_cpu_gate_and_records_it(engine: Path, validation: tuple[subprocess.CompletedProcess[str], dict]) -> None:
     """Against the reference record shipped in calib/ (not made again: its member, cases, device and
     precision match), the case total in the progress, the gate and the validator's version in the manifest."""
-    result = s1omni("validate", str(engine), "--package", str(tiny_vela), "--report", str(tmp_path / "report.json"))
+    result, report = validation
     assert "golden" in result.stdout and "MISS" not in result.stdout and "PASSED gate cpu-fp32" in result.stderr
     assert "torch-reference" not in result.stderr and f"case {len(CASES)}/{len(CASES)}:" in result.stderr
-    report = json.loads((tmp_path / "report.json").read_text())
     assert report["passed"] and report["gate"]["name"] == "cpu-fp32" and report["cases"] == len(CASES)
     assert report["summary"]["max_probability"] <= 1e-5 and report["summary"]["layouts_identical"]
     assert report["summary"]["hidden_rel_l2"] <= report["gate"]["tensor"]["rel_l2"] and report["bf16_reference"] is None
@@ -119,20 +127,19 @@ def test_validate_meets_the_cpu_gate_and_records_it(engine: Path, tiny_vela: Pat
         (lambda v: {**v, "validator_version": VALIDATOR_VERSION - 1}, "validator version 1"),
     ],
 )
-def test_a_changed_gate_or_validator_asks_for_validation_again(engine: Path, tmp_path: Path, change, message: str) -> None:
+def test_a_changed_gate_or_validator_asks_for_validation_again(engine: Path, validation: object, tmp_path: Path, change, message: str) -> None:
     from s1omni.runtime.api import load_model
 
-    s1omni("validate", str(engine))  # the shipped reference record: no package needed
     copy = tmp_path / "engine"
     shutil.copytree(engine, copy)
+    assert load_model(copy).card()["validation"]["gate"] == "cpu-fp32"  # the verdict stands until it changes
     record_validation(copy, change(read_manifest(copy)["validation"]))
     with pytest.raises(PackageError, match=f"{message}.*run `s1omni validate"):
         load_model(copy)
 
 
 @pytest.fixture(scope="module")
-def servers(engine: Path, tiny_vela: Path, s1omni_home: Path) -> Iterator[tuple[Server, Server]]:
-    s1omni("validate", str(engine), "--package", str(tiny_vela))  # serving needs a passed report
+def servers(engine: Path, tiny_vela: Path, s1omni_home: Path, validation: object) -> Iterator[tuple[Server, Server]]:
     reference, compiled = Server(s1omni_home, str(tiny_vela)), Server(s1omni_home, "--engine", str(engine))
     try:
         reference.wait_status("ready")

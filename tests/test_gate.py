@@ -210,6 +210,11 @@ def test_a_reduced_engines_hidden_states_are_held_per_case(reference: list[CaseR
     assert passes or len([f for f in verdict["failures"] if "hidden rel l2" in f]) == len(reference)
 
 
+def test_a_broken_bf16_reference_bounds_nothing(reference: list[CaseRecord]) -> None:
+    verdict = _judge("gpu-reduced", reference, _bf16(reference, 0.012), _with_tensor(_bf16(reference), "cjk", _infinite))
+    assert not verdict["passed"] and any(f.startswith("the BF16 reference's case cjk: hidden") for f in verdict["failures"])
+
+
 def test_gpu_reduced_without_a_bf16_reference_fails(reference: list[CaseRecord]) -> None:
     verdict = judge("gpu-reduced", load_gates("vela2")["gpu-reduced"], compare, reference, reference, None)
     assert not verdict["passed"] and "BF16 reference" in verdict["failures"][0]
