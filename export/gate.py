@@ -143,7 +143,7 @@ def judge(gate_name: str, gate: dict[str, Any], compare: Compare, reference: lis
         tensor_bounds = {}
         for output, figures in ours.tensors[index].items():
             if reduced:
-                bf16_l2 = theirs.tensors[index][output]["rel_l2"] if theirs is not None else 0.0
+                bf16_l2 = theirs.tensors[index].get(output, {"rel_l2": 0.0})["rel_l2"] if theirs is not None else 0.0
                 tensor_bounds[output] = {"rel_l2": gate["factor"] * bf16_l2 + gate["tensor"]["rel_l2_slack"]}
             else:
                 tensor_bounds[output] = dict(gate["tensor"])
@@ -158,7 +158,8 @@ def judge(gate_name: str, gate: dict[str, Any], compare: Compare, reference: lis
         row = {
             "case": case.name, "tokens": case.tokens, "same_layout": case.layout == reference[index].layout,
             "tensors": ours.tensors[index], "tensor_bounds": tensor_bounds,
-            "max_probability": stats.max_probability, "probability_bound": bounds["max_probability"], "mean_probability": stats.mean_probability, "max_score": stats.max_score,
+            "max_probability": stats.max_probability, "probability_bound": bounds["max_probability"],
+            "mean_probability": stats.mean_probability, "max_score": stats.max_score,
             "decisions": f"{stats.same_decisions}/{stats.decisions}",
             "margin_decisions": f"{stats.same_margin_decisions}/{stats.margin_decisions}",
             "span_sets": f"{stats.same_span_sets}/{stats.span_sets}",
