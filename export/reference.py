@@ -25,7 +25,7 @@ from s1omni.runtime.digest import sha256_json
 from s1omni.runtime.registry import home
 from s1omni.runtime.staging import staged_directory
 
-from .case_io import case_io
+from .families import export_family
 
 HIDDEN = "hidden.json"
 ANSWERS = "answers.json"
@@ -82,12 +82,12 @@ def layout_digest(plan) -> str:
 
 def case_feeds(model, cases: list[dict[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]]:
     plans = [model.plan(case["request"]) for case in cases]
-    return plans, [case_io(model.family).feeds(plan) for plan in plans]
+    return plans, [export_family(model.family).cases.feeds(plan) for plan in plans]
 
 
 def answers_from(model, plans: list[Any], results: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Each case's response and compared answers from a runner's outputs (one iteration per case)."""
-    io = case_io(model.family)
+    io = export_family(model.family).cases
     return [io.answers(model, plan, iteration) for plan, iteration in zip(plans, results, strict=True)]
 
 
@@ -100,7 +100,7 @@ def make_reference(model, cases: list[dict[str, Any]], out: Path) -> None:
     """Run the reference model over the cases and write its record as the directory ``out``."""
     print(f"reference {model.id}: {len(cases)} cases on {model.runner.name}/{model.device}", file=sys.stderr, flush=True)
     plans, feeds = case_feeds(model, cases)
-    results = Comparator.run([case_io(model.family).runner(model, REFERENCE_RUNNER)], data_loader=feeds)
+    results = Comparator.run([export_family(model.family).cases.runner(model, REFERENCE_RUNNER)], data_loader=feeds)
     answers = answers_from(model, plans, results[REFERENCE_RUNNER])
     record = {
         "member": model.identity.__dict__,

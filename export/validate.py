@@ -24,7 +24,7 @@ from polygraphy.comparator import Comparator, RunResults
 
 from s1omni.runtime.engine import VALIDATOR_VERSION, current_gate, load_engine_model, read_manifest, record_validation
 
-from .case_io import case_io
+from .families import export_family
 from .gate import CaseRecord, judge
 from .reference import (
     REFERENCE_RUNNER, answers_from, case_feeds, cases_digest, compared, find_record, layout_digest, load_cases,
@@ -88,7 +88,7 @@ def validate(
     bf16 = _reference(engine_dir, manifest, cases, package, roots, "cuda", "bf16") if device == "cuda" else None
     print(f"validate {member}: {manifest['backend']}/{manifest['target']} ({manifest['precision']}) against "
           f"{record['runner']['name']}/{record['runner']['device']}, gate {gate['name']}, {len(cases)} cases", file=sys.stderr, flush=True)  # fmt: skip
-    io = case_io(family)
+    io = export_family(family).cases
     plans, feeds = case_feeds(engine, cases)
     runner = io.runner(engine)
     runner.total = len(cases)

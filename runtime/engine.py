@@ -27,6 +27,7 @@ from s1omni.calib import CALIB
 
 from .digest import sha256_file
 from .errors import PackageError
+from .families import family
 from .package import inside, present_files
 from .registry import Registry
 
@@ -172,6 +173,7 @@ def load_engine_model(
     """The member's model over the engine's runner; refuses unvalidated or altered engines."""
     path = Path(path)
     manifest = read_stage(path, "engine")
+    face = family(manifest.get("family"))  # an unknown family before its gates are looked for
     problem = None if allow_unvalidated else validation_problem(manifest)
     if problem:
         raise PackageError(f"the engine {path} {problem}; run `s1omni validate {path} --package PKG` first")
@@ -183,31 +185,7 @@ def load_engine_model(
             f"the engine {path} was built from {member['name']}@{member['revision']}, but the registry pins "
             f"{known.revision}; rebuild it with `s1omni export` and `s1omni build`"
         )
-    model = _family_model(path, manifest, device)
+    model = face.from_engine(path, manifest, device)
     if not allow_unvalidated:
         model.validation = served_validation(manifest)  # for its card
     return model
-
-
-def _family_model(path: Path, manifest: dict[str, Any], device: str):
-    member = manifest["member"]
-    if manifest.get("family") == "omnijev":
-        from .omnijev.engine import load_engine
-
-        return load_engine(path, manifest, device)
-    if manifest.get("family") != "vela2":
-        raise PackageError(f"no engine model for family {manifest.get('family')!r}")
-    from .vela2.heads import read_tensors
-    from .vela2.model import Identity, Vela2Model
-
-    heads = read_tensors([path / "heads.safetensors"], ("head.", "set_bias", "span2.", "span_broad."))
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    calibration = json.loads((path / "calibration.json").read_text(encoding="utf-8"))
-    return Vela2Model(
-        Identity(**member),
-        config,
-        calibration,
-        path / "tokenizer.json",
-        heads,
-        engine_runner(path, manifest, device),
-    )
