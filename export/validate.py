@@ -58,6 +58,9 @@ def _reference(engine_dir: Path, manifest: dict[str, Any], cases: list[dict[str,
         model = load_model(package, device=device, precision=precision)
         if model.identity.model_sha256 != identity["model_sha256"]:
             raise SystemExit(f"s1omni validate: {package} is not the package {engine_dir} was built from")
+        if (model.device, model.runner.precision) != (device, precision):  # a record must be what its name says
+            raise SystemExit(f"s1omni validate: the {manifest['family']} reference runs at {model.runner.precision} on "
+                             f"{model.device}, not {precision} on {device}")  # fmt: skip
         where = record_dir(roots[0], device, precision)
         make_reference(model, cases, where)
         del model

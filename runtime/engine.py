@@ -120,7 +120,8 @@ def validation_problem(manifest: dict[str, Any]) -> str | None:
     if recorded.get("name") != current["name"]:
         return f"passed the {recorded.get('name')} gate, but its precision and device call for {current['name']}"
     if recorded != current:
-        return f"passed version {recorded.get('version')} of the {current['name']} gate, which has changed (now version {current['version']})"
+        return (f"was validated against version {recorded.get('version')} of the {current['name']} gate, which has changed "
+                f"since (its bounds or rule; now version {current['version']})")  # fmt: skip
     return None
 
 
