@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from s1omni.runtime.errors import InputError
+
 from .compare_answers import compare, compare_omnijev
 from .tree_runner import TreeRunner, encode, split_hidden
 
@@ -68,5 +70,5 @@ FAMILIES = {"vela2": TextCases(), "omnijev": VisionCases()}
 
 def case_io(family: str) -> TextCases:
     if family not in FAMILIES:
-        raise SystemExit(f"s1omni validate: no validation for the {family} family")
+        raise InputError(f"no validation for the {family} family")
     return FAMILIES[family]

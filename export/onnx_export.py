@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 import warnings
 from importlib.metadata import version
@@ -41,6 +40,7 @@ from onnxscript.values import Op, Opset
 from torch import nn
 
 from s1omni.runtime.runners.torch_runner import load_backbone
+from s1omni.runtime import progress
 from s1omni.runtime.staging import staged_directory
 from s1omni.runtime.vela2.package import shard_names
 
@@ -112,10 +112,6 @@ LOWERINGS = {
 def graph_file(graph: str, recurrence: str) -> str:
     """``prefill.onnx`` (portable ``Scan``), ``prefill.fused.onnx`` (ONNX Runtime's fused kernels), ..."""
     return f"{graph}.onnx" if recurrence == "scan" else f"{graph}.{recurrence}.onnx"
-
-
-def progress(message: str) -> None:
-    print(f"export: {message}", file=sys.stderr, flush=True)
 
 
 def load_package_backbone(package_dir: Path) -> nn.Module:
@@ -271,16 +267,16 @@ def export_model(
         "continue": (ContinueForward(model), continue_example(model, example_length), CONTINUE_INPUTS + [f"past_{n}" for n in names], ["hidden"]),
     }
     started = time.perf_counter()
-    with staged_directory(out_dir) as stage:
+    with staged_directory(out_dir, "backbone") as stage:
         shared = SharedWeights(stage) if weights > external_data_bytes else None
         files = {recurrence: {name: graph_file(name, recurrence) for name in graphs} for recurrence in recurrences}
         nodes: dict[str, dict[str, int]] = {recurrence: {} for recurrence in recurrences}
         for recurrence in recurrences:
             for name, (module, (args, shapes), inputs, outputs) in graphs.items():
                 file = files[recurrence][name]
-                progress(f"tracing {name} ({len(model.layers)} layers, {recurrence} recurrence)")
+                progress.note(f"tracing {name} ({len(model.layers)} layers, {recurrence} recurrence)")
                 graph = to_onnx(trace(module, args, shapes, recurrence), shapes, inputs, outputs, opset)
-                progress(f"writing {file}" + (f" (weights in {WEIGHTS_FILE})" if shared else ""))
+                progress.note(f"writing {file}" + (f" (weights in {WEIGHTS_FILE})" if shared else ""))
                 if shared:
                     shared.externalize(graph)
                 ir.save(graph, stage / file)
@@ -302,11 +298,11 @@ def export_model(
             "versions": {package: version(package) for package in ("torch", "transformers", "onnx", "onnxruntime", "onnxscript")},
         }
         (stage / "export.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    progress(f"wrote {out_dir} in {time.perf_counter() - started:.0f} s")
+    progress.note(f"wrote {out_dir} in {time.perf_counter() - started:.0f} s")
     return out_dir
 
 
 def export_backbone(package_dir: str | Path, out_dir: str | Path, *, opset: int = OPSET, recurrences: tuple[str, ...] = RECURRENCES) -> Path:
     """Export a Vela 2.0 decoder package's backbone into ``out_dir``; the caller has verified the package."""
-    progress(f"loading {package_dir}")
+    progress.note(f"loading {package_dir}")
     return export_model(load_package_backbone(Path(package_dir)), Path(out_dir), opset=opset, recurrences=recurrences)

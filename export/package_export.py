@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from safetensors.numpy import save_file
 
+from s1omni.runtime import progress
 from s1omni.runtime.engine import write_manifest
+from s1omni.runtime.errors import InputError
 from s1omni.runtime.package import VerifiedPackage, verify
 from s1omni.runtime.registry import Registry
 from s1omni.runtime.staging import staged_directory
@@ -45,9 +46,9 @@ def write_vela2(package: VerifiedPackage, stage: Path, recurrences: tuple[str, .
     """The backbone graphs, heads, tokenizer, config and calibration of a Vela 2.0 decoder package."""
     from .onnx_export import export_backbone
 
-    print(f"export {package.member.name}: tracing the backbone to ONNX", file=sys.stderr, flush=True)
+    progress.note(f"{package.member.name}: tracing the backbone to ONNX")
     move_into(export_backbone(package.root, stage / "graphs", recurrences=recurrences), stage)
-    print(f"export {package.member.name}: writing heads and tokenizer", file=sys.stderr, flush=True)
+    progress.note(f"{package.member.name}: writing heads and tokenizer")
     export_heads(package, stage)
     for name in COPIED:
         shutil.copyfile(package.root / name, stage / name)
@@ -74,8 +75,8 @@ def export_package(
     graphs TensorRT parses, ONNX Runtime's fused kernels, or both)."""
     package = verify(package_dir, registry or Registry.load())
     if package.family not in ("vela2", "omnijev"):
-        raise SystemExit(f"s1omni export: no export for the {package.family} family")
-    with staged_directory(out) as stage:
+        raise InputError(f"no export for the {package.family} family")
+    with staged_directory(out, "export") as stage:
         fields = _writer(package.family)(package, stage, recurrences)
         manifest = {
             "family": package.family,

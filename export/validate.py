@@ -21,7 +21,9 @@ from typing import Any
 
 from polygraphy.comparator import Comparator, CompareFunc, RunResults
 
+from s1omni.runtime import progress
 from s1omni.runtime.engine import load_engine_model, read_manifest, record_validation
+from s1omni.runtime.errors import InputError, UsageError
 
 from .case_io import case_io
 from .compare_answers import CaseStats
@@ -45,13 +47,13 @@ def _reference(engine_dir: Path, manifest: dict[str, Any], cases: list[dict[str,
         ]:
             return record, results
     if package is None:
-        raise SystemExit(f"s1omni validate: no reference record in {where}; pass --package PKG to make one")
+        raise UsageError(f"no reference record in {where}; pass --package PKG to make one")
     from s1omni.runtime.api import load_model
     from s1omni.runtime.runners.torch_runner import release_gpu_memory
 
     model = load_model(package, device=device, precision="fp32")
     if model.identity.model_sha256 != identity["model_sha256"]:
-        raise SystemExit(f"s1omni validate: {package} is not the package {engine_dir} was built from")
+        raise InputError(f"{package} is not the package {engine_dir} was built from")
     make_reference(model, cases, where)
     del model
     release_gpu_memory()  # before the engine runs beside it
@@ -83,12 +85,12 @@ def validate(
         engine_dir, manifest, cases, package, Path(reference) if reference else reference_dir(family, member), reference_device
     )
     gate_name, gate = _gate(manifest, family)
-    print(f"validate {member}: {manifest['backend']}/{manifest['target']} ({manifest['precision']}) against "
-          f"{record['runner']['name']}/{record['runner']['device']}, gate {gate_name}, {len(cases)} cases", file=sys.stderr, flush=True)  # fmt: skip
+    progress.note(f"{member}: {manifest['backend']}/{manifest['target']} ({manifest['precision']}) against "
+                  f"{record['runner']['name']}/{record['runner']['device']}, gate {gate_name}, {len(cases)} cases")  # fmt: skip
     io = case_io(family)
     plans, feeds = case_feeds(engine, cases)
     runner = io.runner(engine)
-    results = Comparator.run([runner], data_loader=feeds)
+    results = Comparator.run([runner], data_loader=progress.Counted(feeds, f"cases on {runner.name}", "case"))
     combined = RunResults()
     combined.append((REFERENCE_RUNNER, reference_results[REFERENCE_RUNNER]))
     combined.append((runner.name, results[runner.name]))
