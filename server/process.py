@@ -5,15 +5,22 @@ while the listener stays open, so that a load balancer sees the server leave rat
 connection. Once no request is in flight (or ``drain_timeout_s`` has passed) uvicorn shuts down as
 usual: it closes the listener, lets open responses finish, then the model worker stops. A second
 signal skips the rest of the drain and the process ends by that signal.
+
+A model that fails to load or warm up stops the server at once: ``serve`` raises the load's error
+once uvicorn has shut down, so that ``s1omni serve`` exits non-zero and an orchestrator restarts it
+rather than leaving a process that can never be ready.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from types import FrameType
 
 import uvicorn
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter
 
 from .app import create_app
 from .service import Service
@@ -21,6 +28,25 @@ from .service import Service
 log = logging.getLogger("s1omni.server")
 # Once drained, what is left are responses being written: this long at most.
 CLOSE_TIMEOUT_S = 5
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# JSON lines: an ISO 8601 UTC ``time``, these fields under short names, then whatever a record carries as
+# ``extra`` (the access log's request fields), less uvicorn's terminal-coloured copy of its message.
+JSON_FIELDS = "%(levelname)s %(name)s %(message)s"
+JSON_NAMES = {"levelname": "level", "name": "logger"}
+JSON_LEFT_OUT = (*RESERVED_ATTRS, "color_message")
+
+
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """One stderr handler on the root logger, in text or JSON lines; uvicorn's loggers propagate to it."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        formatter = JsonFormatter(
+            JSON_FIELDS, rename_fields=JSON_NAMES, timestamp="time", reserved_attrs=JSON_LEFT_OUT, json_ensure_ascii=False
+        )
+        handler.setFormatter(formatter)
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 class DrainingServer(uvicorn.Server):
@@ -40,6 +66,8 @@ class DrainingServer(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         if await super().on_tick(counter):
             return True
+        if not self.service.alive:
+            return True
         if self.drain_until is None:
             return False
         if self.service.drained():
@@ -58,8 +86,11 @@ def serve(service: Service, log_level: str = "info") -> None:
         host=config.host,
         port=config.port,
         log_level=log_level,
+        log_config=None,  # the root logger's handler (configure_logging) formats uvicorn's lines too
         access_log=False,  # server.access logs each request with its timings
         lifespan="on",
         timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
     )
     DrainingServer(uvicorn_config, service).run()
+    if service.failure is not None:
+        raise service.failure
