@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
 HELP = "serve /v1/systemone over HTTP from a member package, an engine, or the embedded demo member"
 ENV_PREFIX = "S1OMNI_"
-TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 VELA_ONLY = ("max_queue", "max_queued_tokens", "max_request_bytes", "batch_window_ms", "max_batch_tokens", "max_batch_plans")
 
 
@@ -56,8 +55,8 @@ def env_name(action: argparse.Action) -> str:
 
 
 def env_defaults(parser: argparse.ArgumentParser) -> None:
-    """Take each option's default from its environment variable when that is set; values argparse
-    cannot check as defaults (choices, flags) are checked here and refused when ``run`` starts."""
+    """Take each option's default from its environment variable when that is set; a value outside an
+    option's choices (which argparse does not check in defaults) is refused when ``run`` starts."""
     defaults: dict[str, object] = {}
     wrong: list[str] = []
     for action in parser._actions:  # argparse lists its actions nowhere public
@@ -66,14 +65,11 @@ def env_defaults(parser: argparse.ArgumentParser) -> None:
         name = env_name(action)
         if name not in (action.help or ""):
             action.help = f"{action.help or ''} [${name}]".lstrip()
+        assert action.nargs != 0, f"{name}: an on/off flag needs its variable's words parsed here"
         value = os.environ.get(name)
         if value is None:
             continue
-        if action.nargs == 0:  # a flag: its constant when the variable says yes
-            if value.lower() not in TRUE + FALSE:
-                wrong.append(f"${name}={value!r} is none of {', '.join(TRUE + FALSE)}")
-            defaults[action.dest] = action.const if value.lower() in TRUE else action.default
-        elif action.choices is not None and value not in action.choices:
+        if action.choices is not None and value not in action.choices:
             wrong.append(f"${name}={value!r} is none of {', '.join(map(str, action.choices))}")
         else:
             defaults[action.dest] = value  # argparse converts a string default with the option's type

@@ -101,22 +101,25 @@ class Service:
             self._set("ready")
             log.info("ready: %s", model.id)
         except Exception as exc:
-            if isinstance(exc, S1omniError):  # a refusal that says why: no traceback needed
-                log.error("%s cannot be served: %s", self.source.label, exc)
-            else:
-                log.exception("%s cannot be served", self.source.label)
+            # A refusal of ours says why in one line; anything else keeps its traceback.
+            expected = isinstance(exc, S1omniError) and isinstance(exc.__cause__, (type(None), S1omniError, RequestError))
+            log.error("%s cannot be served: %s", self.source.label, exc, exc_info=not expected)
             self.failure = exc
             self._set("failed", f"{type(exc).__name__}: {exc}")
 
     async def _warm_up(self) -> None:
+        """The golden request, answered as a client's would be; however it fails, the model missed a gate."""
         assert self.model is not None
         timing = Timing()
-        raw = wire.encode(self.model.golden_request())
-        content, _ = await self.family.answer(self.family.read(raw), len(raw), timing, None)
-        wire.encode(content)
+        try:
+            raw = wire.encode(self.model.golden_request())
+            content, _ = await self.family.answer(self.family.read(raw), len(raw), timing, None)
+            wire.encode(content)
+        except Exception as exc:
+            raise GateMissed(f"the golden request failed: {exc}") from exc
         failed = {key: answer for key, answer in content["answers"].items() if "error" in answer}
         if failed:
-            raise GateMissed(f"the golden request's questions failed: {failed}")
+            raise GateMissed(f"the golden request failed: its questions answered {failed}")
         log.info("warm-up answered in %.1f ms", timing.total() * 1e3)
 
     def begin_drain(self) -> None:

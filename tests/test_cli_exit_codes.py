@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
 from s1omni import __version__
-from s1omni.cli.main import COMMANDS
+from s1omni.cli.main import COMMANDS, main
 from tests.cli import run_s1omni, s1omni
 
 
@@ -80,6 +81,18 @@ def test_4_when_the_machine_lacks_a_gpu(tiny_vela: Path, tmp_path: Path) -> None
     result = run_s1omni("bench", "--package", str(tiny_vela), "--device", "cuda", "--workloads", "backbone", "--tokens", "8",
                         "--requests", "1", "--warmup", "0", "--out", str(tmp_path / "record"))  # fmt: skip
     assert result.returncode == 4 and last_line(result).startswith("s1omni bench: device cuda: torch") and "sees no CUDA GPU" in result.stderr
+
+
+def test_4_names_the_extra_a_missing_module_comes_with(
+    tiny_vela: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In process, with httpx made unimportable (as in a serve-only install) and the bench modules unloaded."""
+    monkeypatch.setitem(sys.modules, "httpx", None)
+    for name in [name for name in sys.modules if name.startswith("s1omni.bench")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert main(["bench", "--package", str(tiny_vela), "--out", str(tmp_path / "record")]) == 4
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("s1omni bench: ") and "httpx" in last and last.endswith("(pip install 's1omni[bench]')")
 
 
 def test_1_when_an_engine_misses_its_gate(exported: Path, tiny_vela: Path, tmp_path: Path) -> None:
