@@ -13,8 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from s1omni.runtime.errors import InputError
-
 from .compare_answers import compare, compare_omnijev
 from .tree_runner import TreeRunner, encode, split_hidden
 
@@ -63,12 +61,3 @@ class VisionCases(TextCases):
     def answers(self, model: Any, plan: Any, outputs: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, Any]]:
         result = self.result(model, plan, outputs)
         return model.finish(plan, result), model.finish(plan, result, digits=None)
-
-
-FAMILIES = {"vela2": TextCases(), "omnijev": VisionCases()}
-
-
-def case_io(family: str) -> TextCases:
-    if family not in FAMILIES:
-        raise InputError(f"no validation for the {family} family")
-    return FAMILIES[family]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 import warnings
 from importlib.metadata import version
@@ -39,8 +40,8 @@ from onnx.defs import OpSchema
 from onnxscript.values import Op, Opset
 from torch import nn
 
-from s1omni.runtime.runners.torch_runner import load_backbone
 from s1omni.runtime import progress
+from s1omni.runtime.runners.torch_runner import load_backbone
 from s1omni.runtime.staging import staged_directory
 from s1omni.runtime.vela2.package import shard_names
 
@@ -112,6 +113,13 @@ LOWERINGS = {
 def graph_file(graph: str, recurrence: str) -> str:
     """``prefill.onnx`` (portable ``Scan``), ``prefill.fused.onnx`` (ONNX Runtime's fused kernels), ..."""
     return f"{graph}.onnx" if recurrence == "scan" else f"{graph}.{recurrence}.onnx"
+
+
+def move_into(directory: Path, target: Path) -> None:
+    """Move the files of ``directory`` (an exporter's own atomic output) into ``target`` and remove it."""
+    for path in sorted(directory.iterdir()):
+        shutil.move(str(path), target / path.name)
+    directory.rmdir()
 
 
 def load_package_backbone(package_dir: Path) -> nn.Module:

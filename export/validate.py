@@ -25,8 +25,8 @@ from s1omni.runtime import progress
 from s1omni.runtime.engine import load_engine_model, read_manifest, record_validation
 from s1omni.runtime.errors import InputError, UsageError
 
-from .case_io import case_io
 from .compare_answers import CaseStats
+from .families import export_family
 from .reference import REFERENCE_RUNNER, answers_from, case_feeds, compared, layout_digest, load_cases, load_reference, make_reference
 
 from s1omni.calib import CALIB
@@ -87,7 +87,7 @@ def validate(
     gate_name, gate = _gate(manifest, family)
     progress.note(f"{member}: {manifest['backend']}/{manifest['target']} ({manifest['precision']}) against "
                   f"{record['runner']['name']}/{record['runner']['device']}, gate {gate_name}, {len(cases)} cases")  # fmt: skip
-    io = case_io(family)
+    io = export_family(family).cases
     plans, feeds = case_feeds(engine, cases)
     runner = io.runner(engine)
     results = Comparator.run([runner], data_loader=progress.Counted(feeds, f"cases on {runner.name}", "case"))
