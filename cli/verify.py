@@ -27,5 +27,6 @@ def run(args: argparse.Namespace) -> int:
         "identity": package.model_sha256,
         "files": package.files,
     }
-    emit(args, result, f"ok {member.name}@{member.revision} ({member.family}, {len(package.files)} files, identity {package.model_sha256})")
+    text = f"ok {member.name}@{member.revision} ({member.family}, {len(package.files)} files, identity {package.model_sha256})"
+    emit(args, result, text)
     return 0

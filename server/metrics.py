@@ -45,11 +45,19 @@ class Metrics:
             "s1omni_request_stage_seconds", "Decision request time per Server-Timing stage.", ("stage",),
             buckets=LATENCY_BUCKETS, registry=registry,
         )  # fmt: skip
-        self.input_tokens = Counter("s1omni_input_tokens_total", "Tokens the model processed for answered requests.", registry=registry)
-        self.forward_seconds = Histogram("s1omni_forward_seconds", "model.execute time per batch.", buckets=LATENCY_BUCKETS, registry=registry)
+        self.input_tokens = Counter(
+            "s1omni_input_tokens_total", "Tokens the model processed for answered requests.", registry=registry
+        )
+        self.forward_seconds = Histogram(
+            "s1omni_forward_seconds", "model.execute time per batch.", buckets=LATENCY_BUCKETS, registry=registry
+        )
         self.batch_plans = Histogram("s1omni_batch_plans", "Plans per model.execute batch.", buckets=PLAN_BUCKETS, registry=registry)
-        self.batch_tokens = Histogram("s1omni_batch_tokens", "Tokens per model.execute batch.", buckets=TOKEN_BUCKETS, registry=registry)
-        self.expired = Counter("s1omni_deadline_expired_total", "Jobs not run because their deadline passed in the queue.", registry=registry)
+        self.batch_tokens = Histogram(
+            "s1omni_batch_tokens", "Tokens per model.execute batch.", buckets=TOKEN_BUCKETS, registry=registry
+        )
+        self.expired = Counter(
+            "s1omni_deadline_expired_total", "Jobs not run because their deadline passed in the queue.", registry=registry
+        )
 
     def gauge(self, name: str, help: str, read: Callable[[], float]) -> None:
         """A gauge whose value is ``read()`` at each scrape."""

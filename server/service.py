@@ -7,8 +7,8 @@ scheduler, finish, encoding) with no question failing
 (vllm-project/semantic-router:src/model-runtime/vllm_srun/runtime.py ``ServedModel.load``;
 wire-contract.md §11.7). A load or warm-up that fails leaves the service ``failed`` for good, with the
 error kept in ``failure``: ``/health/live`` then answers 503 and ``s1omni serve`` stops and exits
-with that error's code (``s1omni.server.process``). The family of the package picks the rules (``s1omni.server.families``) before
-it loads, so that a request refused while it loads is refused in that family's form too; the
+with that error's code (``s1omni.server.process``). The family of the package picks the rules
+(``s1omni.server.families``) before it loads, so that a request refused while it loads is refused in that family's form too; the
 loaded model must be of that family.
 """
 
@@ -101,11 +101,13 @@ class Service:
             self._set("ready")
             log.info("ready: %s", model.id)
         except Exception as exc:
-            # A refusal of ours says why in one line; anything else keeps its traceback.
-            expected = isinstance(exc, S1omniError) and isinstance(exc.__cause__, (type(None), S1omniError, RequestError))
-            log.error("%s cannot be served: %s", self.source.label, exc, exc_info=not expected)
-            self.failure = exc
             self._set("failed", f"{type(exc).__name__}: {exc}")
+            self.failure = exc
+            # A refusal of ours says why in one line; a bug (one the golden request ran into too) keeps its traceback.
+            cause = exc.__cause__
+            ran_into = isinstance(exc, GateMissed) and cause is not None and not isinstance(cause, (S1omniError, RequestError))
+            bug = not isinstance(exc, S1omniError) or ran_into
+            log.error("%s cannot be served: %s", self.source.label, exc, exc_info=bug)
 
     async def _warm_up(self) -> None:
         """The golden request, answered as a client's would be; however it fails, the model missed a gate."""

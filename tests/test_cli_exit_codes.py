@@ -80,7 +80,8 @@ def test_4_when_the_machine_lacks_a_gpu(tiny_vela: Path, tmp_path: Path) -> None
         pytest.skip("a CUDA GPU is visible: nothing is missing")
     result = run_s1omni("bench", "--package", str(tiny_vela), "--device", "cuda", "--workloads", "backbone", "--tokens", "8",
                         "--requests", "1", "--warmup", "0", "--out", str(tmp_path / "record"))  # fmt: skip
-    assert result.returncode == 4 and last_line(result).startswith("s1omni bench: device cuda: torch") and "sees no CUDA GPU" in result.stderr
+    assert result.returncode == 4, result.stderr
+    assert last_line(result).startswith("s1omni bench: device cuda: torch") and "sees no CUDA GPU" in result.stderr
 
 
 def test_4_names_the_extra_a_missing_module_comes_with(
