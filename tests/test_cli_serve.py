@@ -72,6 +72,8 @@ def test_options_from_the_environment_and_json_logs(validated_engine: Path, tmp_
 def test_a_wrong_environment_value_is_a_usage_error() -> None:
     result = run_s1omni("serve", env={"S1OMNI_LOG_FORMAT": "xml"})
     assert result.returncode == 2 and result.stderr.strip() == "s1omni serve: $S1OMNI_LOG_FORMAT='xml' is none of text, json"
+    flag = run_s1omni("serve", env={"S1OMNI_RAY": "maybe"})  # an on/off flag's variable takes yes or no words
+    assert flag.returncode == 2 and "$S1OMNI_RAY='maybe' is none of 1, true, yes, on, 0, false, no, off" in flag.stderr
     both = run_s1omni("serve", "--engine", "somewhere", env={"S1OMNI_PACKAGE": "elsewhere"})
     assert both.returncode == 2 and "not both" in both.stderr
     assert "[$S1OMNI_MAX_BATCH_TOKENS]" in s1omni("serve", "--help").stdout  # each option names its variable

@@ -190,6 +190,8 @@ def test_rows_that_cannot_fit_fail_with_max_length_exceeded(tmp_path: Path) -> N
                 "first": {"type": "span", "instructions": "Mark", "over": "request", "criteria": {"n": None}},
                 "second": {"type": "span", "instructions": "Mark", "over": "request", "criteria": {"n": None}},
             },
+            # Past the default budget of four 320-token inputs the context would not be read at all.
+            "options": {"max_tokens": 1 << 20},
         }
     )
     # Row 1 holds every non-span question and the first span; each further span has its own row.
