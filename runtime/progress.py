@@ -9,6 +9,7 @@ callers that never configure get notes under the ``s1omni`` prefix.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TypeVar
@@ -17,12 +18,15 @@ from tqdm import tqdm
 
 T = TypeVar("T")
 
-_settings = {"prefix": "s1omni", "quiet": False}
+# Worker processes (the export's tracing pool) start from the environment: they print alike.
+PREFIX_VARIABLE, QUIET_VARIABLE = "_S1OMNI_PROGRESS_PREFIX", "_S1OMNI_PROGRESS_QUIET"
+_settings = {"prefix": os.environ.get(PREFIX_VARIABLE, "s1omni"), "quiet": os.environ.get(QUIET_VARIABLE) == "1"}
 
 
 def configure(prefix: str, quiet: bool) -> None:
     """Name the running command in every line, and silence everything under ``quiet``."""
     _settings.update(prefix=prefix, quiet=quiet)
+    os.environ[PREFIX_VARIABLE], os.environ[QUIET_VARIABLE] = prefix, "1" if quiet else "0"
     if quiet:
         from huggingface_hub.utils import disable_progress_bars
 
