@@ -1,5 +1,8 @@
 # Two commands work on a fresh machine: `make serve` and `make test` (each sets everything up first).
+# EXTRAS picks the install: the CPU build of ONNX Runtime by default; on a CUDA machine
+# `make EXTRAS=gpu,bench,test` (one ONNX Runtime build per install: cpu or gpu, never both).
 PYTHON ?= python3
+EXTRAS ?= cpu,bench,test,tensorrt-rtx
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -8,10 +11,10 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,tensorrt-rtx]'
+	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 serve: $(STAMP)

@@ -9,7 +9,6 @@ step, so a run that breaks keeps what it measured; the plot (``bench.png``) is d
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,7 +16,9 @@ from typing import Any
 
 from s1omni.runtime.api import load_model
 from s1omni.runtime.engine import load_engine_model, read_manifest, validated
+from s1omni.runtime.errors import InputError, UsageError
 from s1omni.runtime.package import detect_family
+from s1omni.runtime.progress import note, track
 from s1omni.runtime.registry import Registry
 from s1omni.runtime.runners.torch_runner import release_gpu_memory
 
@@ -56,22 +57,18 @@ class Settings:
     command: tuple[str, ...] = ()
 
 
-def progress(message: str) -> None:
-    print(f"s1omni bench: {message}", file=sys.stderr, flush=True)
-
-
 def check(settings: Settings, manifests: Sequence[dict[str, Any]]) -> None:
     """Refuse a run that could not stand as a measurement before anything loads."""
     if not settings.workloads and not settings.http and not settings.profile:
-        raise SystemExit("s1omni bench: nothing to run (no workloads, no --http, no --profile)")
+        raise UsageError("nothing to run (no workloads, no --http, no --profile)")
     if settings.requests < 1 or settings.warmup < 0:
-        raise SystemExit("s1omni bench: --requests must be at least 1 and --warmup at least 0")
+        raise UsageError("--requests must be at least 1 and --warmup at least 0")
     if settings.http and settings.requests < max(settings.concurrency):
-        raise SystemExit("s1omni bench: --requests must be at least the highest --concurrency, so every client runs")
+        raise UsageError("--requests must be at least the highest --concurrency, so every client runs")
     for path, manifest in zip(settings.engines, manifests, strict=True):
         if settings.http and not validated(manifest) and not settings.allow_unvalidated:
-            raise SystemExit(
-                f"s1omni bench: {path} has not passed validation, and `s1omni serve --engine` refuses it "
+            raise InputError(
+                f"{path} has not passed validation, and `s1omni serve --engine` refuses it "
                 "(--allow-unvalidated times it in process and leaves it out of --http)"
             )
 
@@ -109,16 +106,16 @@ def load_subjects(
     settings: Settings, registry: Registry, names: Sequence[str], manifests: Sequence[dict[str, Any]]
 ) -> dict[str, Any]:
     """The reference from the package, then each engine, all in this process; refuses another member's engine."""
-    progress(f"loading the reference from {settings.package} on {settings.device}")
+    note(f"loading the reference from {settings.package} on {settings.device}")
     models = {REFERENCE: load_model(settings.package, registry, settings.device, settings.reference_precision)}
     revision = models[REFERENCE].card()["revision"]
     for name, path, manifest in zip(names[1:], settings.engines, manifests, strict=True):
         member = manifest["member"]
         if member["revision"] != revision:
-            raise SystemExit(
-                f"s1omni bench: {path} was built from {member['name']}@{member['revision']}, not the package's {revision}"
+            raise InputError(
+                f"{path} was built from {member['name']}@{member['revision']}, not the package's {revision}"
             )
-        progress(f"loading the engine {path} as {name}")
+        note(f"loading the engine {path} as {name}")
         models[name] = load_engine_model(path, registry, settings.device, allow_unvalidated=settings.allow_unvalidated)
     return models
 
@@ -130,7 +127,7 @@ def profile(chosen: Workload, models: dict[str, Any], warmup: int) -> dict[str, 
     call = chosen.call(models[subject])
     for _ in range(warmup + 1):
         call()
-    progress(f"profiling {chosen.name} on {subject} ({PROFILE_ITERATIONS} iterations)")
+    note(f"profiling {chosen.name} on {subject} ({PROFILE_ITERATIONS} iterations)")
     return {"workload": chosen.name, "subject": subject, **capture(call, PROFILE_ITERATIONS)}
 
 
@@ -151,8 +148,8 @@ def in_process(
             "device": model.runner.device,
             "precision": model.runner.precision,
         }
-    for chosen in workloads:
-        record["workloads"].append(catalogue.measure(chosen, models, settings.requests, settings.warmup, progress))
+    for chosen in track(workloads, "in-process workloads", unit="workload"):
+        record["workloads"].append(catalogue.measure(chosen, models, settings.requests, settings.warmup, note))
         records.write(record, settings.out)
     if profiled is not None:
         record["profile"] = profile(profiled, models, settings.warmup)
@@ -186,10 +183,10 @@ def http(
     for index, (name, source, serve) in enumerate(zip(names, sources, servable, strict=True)):
         if not serve:
             section["skipped"][name] = "missed its gate: s1omni serve refuses it"
-            progress(f"not serving {name}: it missed its gate")
+            note(f"not serving {name}: it missed its gate")
             continue
         log = settings.out / f"serve-{index}.log"
-        progress(f"starting s1omni serve for {name} (log {log})")
+        note(f"starting s1omni serve for {name} (log {log})")
         with http_load.serving(name, [*source, *common], log, settings.start_timeout_s) as server:
             card = http_load.card(server)
             section["servers"][name] = {
@@ -199,7 +196,7 @@ def http(
             }
             record["member"] = record["member"] or member_facts(card)
             section["runs"] += http_load.measure(
-                server, chosen.body, settings.concurrency, settings.requests, settings.warmup, progress
+                server, chosen.body, settings.concurrency, settings.requests, settings.warmup, note
             )
         records.write(record, settings.out)
     section["ratios"] = http_ratios(section["runs"])
@@ -227,7 +224,7 @@ def bench(settings: Settings) -> dict[str, Any]:
     profiled = catalogue.named(settings.profile, family) if settings.profile else None
     served = catalogue.named(settings.http_workload, family) if settings.http else None
     if served is not None and (served.body is None or served.copies > 1):
-        raise SystemExit("s1omni bench: --http-workload must be one request (router, long-span or a case name; the clients merge)")
+        raise UsageError("--http-workload must be one request (router, long-span or a case name; the clients merge)")
     names = subject_names(manifests)
     settings.out.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
@@ -259,7 +256,7 @@ def bench(settings: Settings) -> dict[str, Any]:
     record["plot"] = "bench.png"
     records.plot(record, settings.out / record["plot"])
     path = records.write(record, settings.out)
-    progress(f"wrote {path} and {settings.out / record['plot']}")
+    note(f"wrote {path} and {settings.out / record['plot']}")
     if record["failures"]:
         raise BenchFailed(f"{record['failures']} HTTP requests failed (see {path})")
     return record

@@ -20,12 +20,12 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from s1omni.runtime.errors import UsageError
 from s1omni.runtime.families import family as family_of
 from s1omni.runtime.runners.base import Block, Prefix, Tree
 
@@ -122,7 +122,7 @@ def named(name: str, family: str) -> Workload:
     if found:
         single = named(found.group(1), family)
         if single.body is None:
-            raise SystemExit(f"s1omni bench: {name!r}: only requests merge (@N), not backbone-N")
+            raise UsageError(f"{name!r}: only requests merge (@N), not backbone-N")
         copies = int(found.group(2))
         facts = {**single.facts, "call": "model.execute of N plans, then model.finish each", "merged_requests": copies}
         return Workload(name, facts, body=single.body, copies=copies)
@@ -135,8 +135,8 @@ def named(name: str, family: str) -> Workload:
     case = ALIASES.get(name, name)
     known = cases(family)
     if case not in known:
-        raise SystemExit(
-            f"s1omni bench: no workload {name!r}; use backbone-N, {', '.join(ALIASES)}, screenshot-N (OmniJev) or a case of {CALIB / family}"
+        raise UsageError(
+            f"no workload {name!r}; use backbone-N, {', '.join(ALIASES)}, screenshot-N (OmniJev) or a case of {CALIB / family}"
         )
     return Workload(name, {"kind": "request", "call": "model.answer", "case": case}, body=known[case])
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_registry
+from . import add_quiet, add_registry
 
 HELP = "time the torch reference and engines in one run (in process, and over HTTP with --http); a JSON record and a plot"
 
@@ -65,6 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--start-timeout", type=float, default=900.0, metavar="S", help="longest wait for a server's /health 200")
     parser.add_argument("--out", metavar="DIR", help="record directory (default bench-records/<package>-<device>-<UTC time>)")
+    add_quiet(parser)
     add_registry(parser)
 
 
@@ -73,8 +74,9 @@ def run(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
     from pathlib import Path
 
-    from s1omni.bench.run import Settings, bench
     from s1omni.bench.http_load import BenchFailed
+    from s1omni.bench.run import Settings, bench
+    from s1omni.runtime.errors import GateMissed
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = Path(args.out) if args.out else Path("bench-records") / f"{Path(args.package).name}-{args.device}-{stamp}"
@@ -101,6 +103,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         bench(settings)
     except BenchFailed as exc:
-        print(f"s1omni bench: FAILED: {exc}", file=sys.stderr)
-        return 1
+        raise GateMissed(f"FAILED: {exc}") from exc
     return 0

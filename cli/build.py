@@ -2,14 +2,21 @@ from __future__ import annotations
 
 import argparse
 
+from . import add_force, add_json, add_quiet, emit, make_room
+
 HELP = "build an engine from an export directory: ONNX Runtime (cpu, cuda) or a TensorRT plan (sm_XX)"
+# The manifest fields --json reports beside the engine directory and its member.
+ENGINE_KEYS = ("backend", "target", "precision", "recurrence", "gated_delta_kernel", "op_fusion", "cuda_graphs")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export_dir", metavar="DIR", help="directory written by s1omni export")
     parser.add_argument("--backend", required=True, choices=["onnxruntime", "tensorrt"])
     parser.add_argument("--target", required=True, help="cpu or cuda (onnxruntime); sm_XX, a compute capability (tensorrt)")
-    parser.add_argument("--out", metavar="ENG", help="engine directory (default engines/<member>/<backend>/<target>)")
+    parser.add_argument(
+        "--out", metavar="ENG", help="engine directory (default engines/<member>/<backend>/<target>; replaced atomically)"
+    )
+    add_force(parser)
     parser.add_argument(
         "--precision",
         choices=["fp32", "tf32", "bf16"],
@@ -37,11 +44,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "s1omni.runtime.runners.cuda_graphs.MAX_GRAPH_TOKENS tokens) as a CUDA graph, one launch a run instead of thousands "
         "(widths rounded up to buckets of at most 12.5%% padding; the first run of each shape captures it)",
     )
+    add_json(parser)
+    add_quiet(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from s1omni.export.build import build
+    from s1omni.export.build import build, default_engine_dir
+    from s1omni.runtime.engine import read_manifest
 
-    out = build(args.export_dir, args.backend, args.target, args.out, args.precision, args.gated_delta_kernel, args.op_fusion, args.cuda_graphs)
-    print(f"built {args.backend}/{args.target} engine in {out}; validate it with `s1omni validate {out} --package PKG`")
+    out = args.out or default_engine_dir(read_manifest(args.export_dir), args.backend, args.target)
+    make_room(out, "engine", args.force)
+    out = build(args.export_dir, args.backend, args.target, out, args.precision, args.gated_delta_kernel, args.op_fusion, args.cuda_graphs)
+    manifest = read_manifest(out)
+    result = {"engine": str(out), **{key: manifest.get(key) for key in ENGINE_KEYS}, "member": manifest["member"]}
+    emit(args, result, f"built {args.backend}/{args.target} engine in {out}; validate it with `s1omni validate {out} --package PKG`")
     return 0

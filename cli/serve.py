@@ -1,7 +1,14 @@
+"""``s1omni serve``. Every option can also come from the environment: ``--max-queue`` from
+``S1OMNI_MAX_QUEUE``, the package argument from ``S1OMNI_PACKAGE`` (``S1OMNI_`` and the option's
+name, upper case, dashes as underscores); an option on the command line wins over its variable."""
+
 from __future__ import annotations
 
 import argparse
+import os
 from typing import TYPE_CHECKING
+
+from s1omni.runtime.errors import EnvironmentMissing, GateMissed, InputError, UsageError
 
 from . import add_registry
 
@@ -10,6 +17,8 @@ if TYPE_CHECKING:
     from s1omni.server.service import ModelSource
 
 HELP = "serve /v1/systemone over HTTP from a member package, an engine, or the embedded demo member"
+ENV_PREFIX = "S1OMNI_"
+TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 RAY_ONLY = ("replicas", "ray_address", "gpus_per_replica", "min_replicas", "max_replicas")
 VELA_ONLY = ("max_queue", "max_queued_tokens", "max_request_bytes", "batch_window_ms", "max_batch_tokens", "max_batch_plans")
 
@@ -22,13 +31,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("package", metavar="PKG", nargs="?", help="member package directory (verified before it loads)")
     source.add_argument("--engine", metavar="DIR", help="validated engine directory (with manifest.json)")
-    parser.add_argument("--host", default=defaults.host)
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--host", default=defaults.host, help=f"address to bind (default {defaults.host}; 0.0.0.0: every interface)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0 picks a free port (the log names it)")
     add_registry(parser)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs (default cpu)")
     parser.add_argument("--drain-timeout", type=float, default=defaults.drain_timeout_s, metavar="S", help="on SIGTERM, the longest wait for requests in flight")
     parser.add_argument("--body-timeout", type=float, default=defaults.body_timeout_s, metavar="S", help="the longest a request's body may take to arrive (then 400)")
-    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="default info")
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="text (default) or json: one JSON object per line, uvicorn's too"
+    )
     # No argparse defaults here: an option given for an OmniJev package is refused, not ignored.
     vela = parser.add_argument_group("Vela 2.0 only", "OmniJev keeps its contract's: 12 MiB bodies, 16 admitted, 2 preparing")
     vela.add_argument("--max-queue", type=int, metavar="N", help=f"admitted jobs not yet answered (default {limits.max_queue})")
@@ -44,6 +56,38 @@ def configure(parser: argparse.ArgumentParser) -> None:
     ray.add_argument("--gpus-per-replica", type=float, metavar="N", help="GPUs per replica with --device cuda (default 1)")
     ray.add_argument("--min-replicas", type=int, metavar="N", help="autoscaling lower bound (Ray Serve's autoscaler on queue length)")
     ray.add_argument("--max-replicas", type=int, metavar="N", help="autoscaling upper bound")
+    env_defaults(parser)
+
+
+def env_name(action: argparse.Action) -> str:
+    """``S1OMNI_`` and the option's long name (or a positional's name), upper case, ``-`` as ``_``."""
+    long = next((flag[2:] for flag in action.option_strings if flag.startswith("--")), action.dest)
+    return ENV_PREFIX + long.upper().replace("-", "_")
+
+
+def env_defaults(parser: argparse.ArgumentParser) -> None:
+    """Take each option's default from its environment variable when that is set; a value argparse
+    does not check in a default (a choice, an on/off word) is checked here and refused when ``run`` starts."""
+    defaults: dict[str, object] = {}
+    wrong: list[str] = []
+    for action in parser._actions:  # argparse lists its actions nowhere public
+        if action.dest in ("help", "version"):
+            continue
+        name = env_name(action)
+        if name not in (action.help or ""):
+            action.help = f"{action.help or ''} [${name}]".lstrip()
+        value = os.environ.get(name)
+        if value is None:
+            continue
+        if action.nargs == 0:  # an on/off flag (--ray): its constant when the variable says yes
+            if value.lower() not in TRUE + FALSE:
+                wrong.append(f"${name}={value!r} is none of {', '.join(TRUE + FALSE)}")
+            defaults[action.dest] = action.const if value.lower() in TRUE else action.default
+        elif action.choices is not None and value not in action.choices:
+            wrong.append(f"${name}={value!r} is none of {', '.join(map(str, action.choices))}")
+        else:
+            defaults[action.dest] = value  # argparse converts a string default with the option's type
+    parser.set_defaults(**defaults, environment_errors=wrong)
 
 
 def _given_vela_only(args: argparse.Namespace) -> list[str]:
@@ -68,7 +112,6 @@ def _config(args: argparse.Namespace) -> ServeConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
     from functools import partial
     from pathlib import Path
 
@@ -78,19 +121,23 @@ def run(args: argparse.Namespace) -> int:
     from s1omni.runtime.registry import Registry
 
     from s1omni.server import demo
-    from s1omni.server.process import serve
+    from s1omni.server.process import configure_logging, serve
     from s1omni.server.service import ModelSource, Service
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.environment_errors:
+        raise UsageError("; ".join(args.environment_errors))
+    if args.package and args.engine:
+        raise UsageError("serve a package or an --engine, not both ($S1OMNI_PACKAGE and $S1OMNI_ENGINE count too)")
     if not args.body_timeout > 0:
-        raise SystemExit(f"s1omni serve: --body-timeout must be > 0 seconds, not {args.body_timeout:g}")
+        raise UsageError(f"--body-timeout must be > 0 seconds, not {args.body_timeout:g}")
+    configure_logging(args.log_level, args.log_format)
     path = args.package or args.engine
     if path is not None and args.ray:
         path = str(Path(path).absolute())  # each replica loads it in its own process, on its own node
     if path is not None and not Path(path).is_dir():
-        raise SystemExit(f"s1omni serve: {path} is not a directory")
+        raise InputError(f"{path} is not a directory")
     if args.engine and not (Path(args.engine) / "manifest.json").is_file():
-        raise SystemExit(f"s1omni serve: {args.engine} is not an engine directory (it has no manifest.json)")
+        raise InputError(f"{args.engine} is not an engine directory (it has no manifest.json)")
     if path is None:
         source = ModelSource("demo", partial(demo.load, args.device), demo.NOTICE)
     else:
@@ -99,12 +146,12 @@ def run(args: argparse.Namespace) -> int:
         source = ModelSource(Path(path).name, lambda: load_model(path, Registry.load(args.registry), args.device), family=family)
     given = _given_vela_only(args)
     if source.family != "vela2" and given:
-        raise SystemExit(f"s1omni serve: {', '.join(given)} apply to Vela 2.0 members only, not to {source.family}")
+        raise UsageError(f"{', '.join(given)} apply to Vela 2.0 members only, not to {source.family}")
     if args.ray:
         return _deploy_on_ray(args, _config(args), source)
     given = [f"--{name.replace('_', '-')}" for name in RAY_ONLY if getattr(args, name) is not None]
     if given:
-        raise SystemExit(f"s1omni serve: {', '.join(given)} apply with --ray only")
+        raise UsageError(f"{', '.join(given)} apply with --ray only")
     serve(Service(_config(args), source), args.log_level)
     return 0
 
@@ -115,12 +162,12 @@ def _deploy_on_ray(args: argparse.Namespace, config: ServeConfig, source: ModelS
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("ray"):
             raise
-        raise SystemExit(f"s1omni serve --ray needs Ray Serve: pip install 's1omni[ray]' ({exc})") from None
+        raise EnvironmentMissing(f"--ray needs Ray Serve: pip install 's1omni[ray]' ({exc})") from None
     counts = (args.replicas, args.min_replicas, args.max_replicas)
     if any(count is not None and count < 1 for count in counts) or (args.gpus_per_replica is not None and args.gpus_per_replica <= 0):
-        raise SystemExit("s1omni serve: --replicas, --min-replicas and --max-replicas take a count >= 1, --gpus-per-replica > 0")
+        raise UsageError("--replicas, --min-replicas and --max-replicas take a count >= 1, --gpus-per-replica > 0")
     if args.min_replicas is not None and args.max_replicas is not None and args.min_replicas > args.max_replicas:
-        raise SystemExit("s1omni serve: --min-replicas is above --max-replicas")
+        raise UsageError("--min-replicas is above --max-replicas")
     defaults = Cluster()
     cluster = Cluster(
         args.ray_address,
@@ -131,5 +178,5 @@ def _deploy_on_ray(args: argparse.Namespace, config: ServeConfig, source: ModelS
     )
     try:
         return deploy(config, source, cluster, args.device, args.log_level)
-    except DeploymentFailed as exc:
-        raise SystemExit(f"s1omni serve: {exc}") from None
+    except DeploymentFailed as exc:  # its replicas never passed their load and warm-up
+        raise GateMissed(str(exc)) from None

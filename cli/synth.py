@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import argparse
 
+from s1omni.runtime.errors import UsageError
 from s1omni.runtime.families import FAMILIES, family
 
-from . import add_registry
+from . import add_force, add_quiet, add_registry, make_room
 
 HELP = "write a synthetic member (real layout, random deterministic weights) and its registry entry"
 
@@ -14,7 +15,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", default="tiny", help="tiny (tests), or a real config: 0.8B, 4B, 9B (vela2), 4B (omnijev)")
     parser.add_argument("--out", required=True, metavar="DIR", help="package directory to write (replaced atomically)")
     parser.add_argument("--seed", type=int, default=0)
-    add_registry(parser)
+    add_force(parser)
+    add_quiet(parser)
+    add_registry(parser, written=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
 
     writer = family(args.family).synth()
     if args.size not in writer.SIZES:
-        raise SystemExit(f"s1omni synth: {args.family} sizes are {', '.join(writer.SIZES)}")
+        raise UsageError(f"{args.family} sizes are {', '.join(writer.SIZES)}")
+    make_room(args.out, "package", args.force)
     member = writer.write(args.out, args.size, args.seed)
     registry = user_registry(args.registry)
     write_entry(registry, member)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_registry
+from . import add_json, add_quiet, add_registry, emit
 
 HELP = "validate an engine against the torch reference at its gate (cpu-fp32, gpu or gpu-reduced); non-zero on a miss"
 
@@ -18,14 +18,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="where the float32 torch reference runs when it has to be made (default the engine's device; cuda: TF32 off); "
                         "a GPU engine also gets the BF16 reference (BF16 autocast) on cuda")  # fmt: skip
     add_registry(parser)
+    add_json(parser)
+    add_quiet(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     import os
 
     from s1omni.export.validate import validate
+    from s1omni.runtime.engine import read_manifest
+    from s1omni.runtime.errors import GateMissed
 
     if args.registry:
         os.environ["S1OMNI_REGISTRY"] = args.registry
     passed = validate(args.engine, args.cases, args.package, args.report, args.reference, args.reference_device)
-    return 0 if passed else 1
+    # The report as the engine's manifest records it (without the per-case table: --report has that).
+    report = read_manifest(args.engine)["validation"]
+    emit(args, {"engine": args.engine, **report}, None)  # validate printed its table and verdict
+    if not passed:
+        raise GateMissed(f"{args.engine} missed the {report['gate']['name']} gate; it will not be served")
+    return 0

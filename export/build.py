@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import onnx
 
+from s1omni.runtime import progress
 from s1omni.runtime.engine import read_stage, write_manifest
+from s1omni.runtime.errors import InputError, UsageError
 from s1omni.runtime.staging import staged_directory
 
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
@@ -92,7 +93,7 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
     and ``{engine file: export file}``."""
     variants = backbone_variants(export_dir)
     if not variants:
-        raise SystemExit(f"s1omni build: {export_dir} holds no prefill/continue graphs")
+        raise InputError(f"{export_dir} holds no prefill/continue graphs")
     recurrence = PREFERRED[target] if PREFERRED[target] in variants else next(iter(variants))
     every_variant = {file for files in variants.values() for file in files.values()}
     files = {name: name for name in _graph_files(export_dir) if name not in every_variant}
@@ -113,7 +114,7 @@ def _graph_rewrites(
         rewrites["sigmoids"] = fuse_sigmoids
     if precision == "bf16":
         if recurrence != "fused":
-            raise SystemExit("s1omni build: --precision bf16 rewrites the fused graphs; export again with --recurrence fused")
+            raise InputError("--precision bf16 rewrites the fused graphs; export again with --recurrence fused")
         rewrites["bfloat16 GEMMs"] = lambda graph: use_bf16_gemms(graph, weights)
     return rewrites
 
@@ -149,33 +150,33 @@ def build(
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
     if cuda_graphs and (backend, target) != ("onnxruntime", "cuda"):
-        raise SystemExit("s1omni build: --cuda-graphs is for onnxruntime/cuda")
+        raise UsageError("--cuda-graphs is for onnxruntime/cuda")
     cuda_graphs = (backend, target) == ("onnxruntime", "cuda") if cuda_graphs is None else cuda_graphs
     record: dict[str, Any]
-    with staged_directory(out) as stage:
+    with staged_directory(out, "engine") as stage:
         if backend == "onnxruntime":
             if target not in ORT_TARGETS:
-                raise SystemExit(f"s1omni build: ONNX Runtime targets are {', '.join(ORT_TARGETS)}")
+                raise UsageError(f"ONNX Runtime targets are {', '.join(ORT_TARGETS)}")
             import onnxruntime
 
             precision = precision or next(iter(ORT_PRECISIONS[target]))
             if precision not in ORT_PRECISIONS[target]:
-                raise SystemExit(f"s1omni build: onnxruntime/{target} precisions are {', '.join(ORT_PRECISIONS[target])}")
+                raise UsageError(f"onnxruntime/{target} precisions are {', '.join(ORT_PRECISIONS[target])}")
             recurrence, files = ort_files(export_dir, target)
             kernel = kernel or (KERNELS[-1] if target == "cuda" and recurrence == "fused" else None)
             if kernel and (target != "cuda" or recurrence != "fused" or kernel not in KERNELS):
-                raise SystemExit(f"s1omni build: --gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
+                raise UsageError(f"--gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
             op_fusion = op_fusion and target == "cuda"
             rewrites = _graph_rewrites(kernel, precision, recurrence, op_fusion, Bf16Weights(export_dir, stage))
-            for name, source in files.items():
+            for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:
-                    print(f"build onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...", file=sys.stderr, flush=True)
+                    progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...")
                     graph = onnx.load(str(export_dir / source), load_external_data=False)
                     done = ", ".join(f"{rewrite(graph)} {what}" for what, rewrite in rewrites.items())
                     onnx.save(graph, str(stage / name))
-                    print(f"build onnxruntime/{target}: {name}: {done}", file=sys.stderr, flush=True)
+                    progress.note(f"onnxruntime/{target}: {name}: {done}")
                     continue
-                print(f"build onnxruntime/{target}: {source} -> {name}", file=sys.stderr, flush=True)
+                progress.note(f"onnxruntime/{target}: {source} -> {name}")
                 link_or_copy(export_dir / source, stage / name)
             record = {
                 "backend": "onnxruntime",
@@ -194,15 +195,15 @@ def build(
             from .tensorrt_build import build_plans
 
             if precision:
-                raise SystemExit("s1omni build: a TensorRT plan's precision is its graphs' (--precision is for onnxruntime/cuda)")
+                raise UsageError("a TensorRT plan's precision is its graphs' (--precision is for onnxruntime/cuda)")
             if "scan" not in backbone_variants(export_dir):
-                raise SystemExit(f"s1omni build: TensorRT parses the portable graphs; export again with --recurrence scan ({export_dir} has none)")
+                raise InputError(f"TensorRT parses the portable graphs; export again with --recurrence scan ({export_dir} has none)")
 
             max_tokens = int(manifest.get("max_tokens") or 16384)
             record = build_plans(export_dir, stage, target, tensorrt_profiles(export_dir, max_tokens))
             record["device"] = "cuda"
         else:
-            raise SystemExit("s1omni build: --backend is onnxruntime or tensorrt")
+            raise UsageError("--backend is onnxruntime or tensorrt")
         for name in SHARED_FILES:
             link_or_copy(export_dir / name, stage / name)
         write_manifest(

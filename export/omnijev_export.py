@@ -21,6 +21,7 @@ from typing import Any
 
 from safetensors.numpy import save_file
 
+from s1omni.runtime import progress
 from s1omni.runtime.omnijev import layout
 from s1omni.runtime.omnijev.engine import EMBEDDING, EMBEDDING_TENSOR, RELEASE
 from s1omni.runtime.omnijev.heads import Heads
@@ -30,7 +31,7 @@ from s1omni.runtime.omnijev.vision import VisionTower
 from s1omni.runtime.package import VerifiedPackage
 from s1omni.runtime.runners.torch_runner import load_backbone
 
-from .onnx_export import export_model, move_into, progress
+from .onnx_export import export_model, move_into
 from .vision_export import export_vision
 
 RELEASE_FIELDS = ("model_id", "option_tokens", "max_pixels")
@@ -44,11 +45,11 @@ def write_omnijev(package: VerifiedPackage, stage: Path, recurrences: tuple[str,
     """Write an OmniJev package's export files into ``stage``; the manifest fields they add."""
     root, details = package.root, package.details
     manifest, config = details["manifest"], details["config"]
-    progress(f"loading the language model of {root}")
+    progress.note(f"loading the language model of {root}")
     backbone = load_backbone(config["text_config"], [root / s for s in details["shards"]], prefix=LANGUAGE_PREFIX)
     move_into(export_model(backbone, stage / "graphs", prefill_embeds=True, recurrences=recurrences), stage)
     vision = export_vision(VisionTower.load(config["vision_config"], root / "vision.safetensors"), config["vision_config"], stage)
-    progress("writing the embedding, heads, tokenizer and settings")
+    progress.note("writing the embedding, heads, tokenizer and settings")
     save_file({EMBEDDING_TENSOR: backbone.embed_tokens.weight.detach().float().numpy()}, str(stage / EMBEDDING))
     save_file(Heads.load(root / "heads.safetensors").tensors, str(stage / "heads.safetensors"))
     copied = ["tokenizer.json", "config.json"] + ([PROCESSOR_CONFIG] if PROCESSOR_CONFIG in manifest["outputs"] else [])

@@ -9,7 +9,6 @@ the numerical contract are the validation stage's.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import onnxruntime
 import torch
 from torch import nn
 
+from s1omni.runtime import progress
 from s1omni.runtime.runners.base import Block, Prefix, text_positions
 from s1omni.runtime.runners.torch_runner import TorchRunner
 
@@ -97,7 +97,7 @@ def _check(directory: Path, files: Mapping[str, str], expected: list[_Expected])
         hidden = block.run(None, _feeds(case.block_ids, len(case.ids), "past_mask") | past)[0]
         row["continue.hidden"] = _relative(hidden[0], case.continued)
         summary = ", ".join(f"{kind} {value:.1e}" for kind, value in row.items())
-        print(f"export: checked {files['prefill']} prefix {len(case.ids)} + block {len(case.block_ids)}: {summary}", file=sys.stderr, flush=True)
+        progress.note(f"checked {files['prefill']} prefix {len(case.ids)} + block {len(case.block_ids)}: {summary}")
     report = {kind: max(row[kind] for row in found) for kind in found[0]}
     failed = {kind: value for kind, value in report.items() if value > RELATIVE}
     if failed:

@@ -35,7 +35,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import sys
 import tempfile
 import time
 import warnings
@@ -57,6 +56,7 @@ from onnxscript.optimizer._constant_folding import FOLDED_FROM_KEY
 from onnxscript.values import Op, Opset
 from torch import nn
 
+from s1omni.runtime import progress
 from s1omni.runtime.runners.torch_runner import BACKBONE_PREFIX, eager_config, empty_backbone
 from s1omni.runtime.staging import staged_directory
 from s1omni.runtime.vela2.package import shard_names
@@ -128,10 +128,6 @@ LOWERINGS = {
 def graph_file(graph: str, recurrence: str) -> str:
     """``prefill.onnx`` (portable ``Scan``), ``prefill.fused.onnx`` (ONNX Runtime's fused kernels), ..."""
     return f"{graph}.onnx" if recurrence == "scan" else f"{graph}.{recurrence}.onnx"
-
-
-def progress(message: str) -> None:
-    print(f"export: {message}", file=sys.stderr, flush=True)
 
 
 def move_into(directory: Path, target: Path) -> None:
@@ -380,7 +376,7 @@ def build_graph(job: GraphJob) -> dict[str, Binding]:
     else:
         module, (args, shapes) = ContinueForward(model), continue_example(model, job.example_length)
         inputs, outputs = CONTINUE_INPUTS + [f"past_{n}" for n in names], ["hidden"]
-    progress(f"tracing {job.graph} ({len(model.layers)} layers, {job.recurrence} recurrence)")
+    progress.note(f"tracing {job.graph} ({len(model.layers)} layers, {job.recurrence} recurrence)")
     # Everything on the meta device; the buffers built from the config (rotary frequencies) go in by value.
     buffers = {name: buffer.numpy() for name, buffer in model.named_buffers()}
     program = trace(module.to("meta"), tuple(arg.to("meta") for arg in args), shapes, job.recurrence)
@@ -441,7 +437,7 @@ def export_graphs(
     weights = 4 * sum(int(np.prod(shape)) for shape in source.shapes().values())  # bytes in float32
     files = {recurrence: {name: graph_file(name, recurrence) for name in GRAPHS} for recurrence in recurrences}
     started = time.perf_counter()
-    with staged_directory(out_dir) as stage, tempfile.TemporaryDirectory(prefix=".traced-", dir=stage) as traced:
+    with staged_directory(out_dir, "backbone") as stage, tempfile.TemporaryDirectory(prefix=".traced-", dir=stage) as traced:
         values = foldable(source)
         jobs = [
             GraphJob(name, recurrence, config, prefill_embeds, example_length, opset, values, Path(traced) / file)
@@ -454,14 +450,14 @@ def export_graphs(
         nodes: dict[str, dict[str, int]] = {recurrence: {} for recurrence in recurrences}
         for job, bound in zip(jobs, bindings, strict=True):
             file = files[job.recurrence][job.graph]
-            progress(f"writing {file}" + (f" (weights in {WEIGHTS_FILE})" if shared else ""))
+            progress.note(f"writing {file}" + (f" (weights in {WEIGHTS_FILE})" if shared else ""))
             graph = onnx.load(str(job.path), load_external_data=False)
             bind_weights(graph, bound, source, shared)
             onnx.save(graph, str(stage / file))
             onnx.checker.check_model(str(stage / file))
             nodes[job.recurrence][job.graph] = node_count(graph)
         seconds = time.perf_counter() - started
-        progress(f"traced {len(jobs)} graphs in {traced_seconds:.0f} s, wrote them in {seconds - traced_seconds:.0f} s")
+        progress.note(f"traced {len(jobs)} graphs in {traced_seconds:.0f} s, wrote them in {seconds - traced_seconds:.0f} s")
         with quiet_third_party():
             report = check_graphs(reference(), stage, files) if check else None
         record = {
@@ -478,7 +474,7 @@ def export_graphs(
             "versions": {package: version(package) for package in ("torch", "transformers", "onnx", "onnxruntime", "onnxscript")},
         }
         (stage / "export.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    progress(f"wrote {out_dir} in {time.perf_counter() - started:.0f} s")
+    progress.note(f"wrote {out_dir} in {time.perf_counter() - started:.0f} s")
     return out_dir
 
 

@@ -34,7 +34,7 @@ def export_package(
     ``recurrences``: the backbone forms to write (``s1omni.export.patches.RECURRENCES``: the portable ``Scan``
     graphs TensorRT parses, ONNX Runtime's fused kernels, or both)."""
     package = verify(package_dir, registry or Registry.load())
-    with staged_directory(out) as stage:
+    with staged_directory(out, "export") as stage:
         fields = export_family(package.family).write(package, stage, recurrences)
         manifest = {
             "family": package.family,

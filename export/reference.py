@@ -14,13 +14,13 @@ shipped in ``calib/<family>/reference/<member>/``, read only (the test suite's m
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from polygraphy.comparator import Comparator, RunResults
 
 from s1omni.calib import CALIB
+from s1omni.runtime import progress
 from s1omni.runtime.digest import sha256_json
 from s1omni.runtime.registry import home
 from s1omni.runtime.staging import staged_directory
@@ -97,10 +97,11 @@ def compared(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_reference(model, cases: list[dict[str, Any]], out: Path) -> None:
-    """Run the reference model over the cases and write its record as the directory ``out``."""
-    print(f"reference {model.id}: {len(cases)} cases on {model.runner.name}/{model.device}", file=sys.stderr, flush=True)
+    """Run the reference model over the cases and write its record into ``out``."""
+    progress.note(f"reference {model.id}: {len(cases)} cases on {model.runner.name}/{model.device}")
     plans, feeds = case_feeds(model, cases)
-    results = Comparator.run([export_family(model.family).cases.runner(model, REFERENCE_RUNNER)], data_loader=feeds)
+    loader = progress.Counted(feeds, f"reference on {model.runner.name}", "case")
+    results = Comparator.run([export_family(model.family).cases.runner(model, REFERENCE_RUNNER)], data_loader=loader)
     answers = answers_from(model, plans, results[REFERENCE_RUNNER])
     record = {
         "member": model.identity.__dict__,

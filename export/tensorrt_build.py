@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from typing import Any
 
 import onnx
 
+from s1omni.runtime import progress
 from s1omni.runtime.runners.tensorrt_runner import GRAPHS, Library, device_compute_capability, library_logger, load_library, normalize_target
 
 Range = tuple[int, int, int]  # min, opt, max of one dimension
@@ -74,13 +74,13 @@ def build_plans(
     with _renamed_together() as pending:
         for graph, (inputs, outputs, _) in graphs.items():
             source = onnx_dir / f"{graph}.onnx"
-            _progress(f"{lib.name} {lib.version}: building {graph}.plan for {target} from {source}")
+            progress.note(f"{lib.name} {lib.version}: building {graph}.plan for {target} from {source}")
             clock = time.perf_counter()
             plan = _build(lib, source, shapes[graph], capability, timing)
             seconds = round(time.perf_counter() - clock, 2)
             digest, size = _write(pending, out_dir / f"{graph}.plan", plan)
             del plan  # a real backbone's plan is as large as its weights
-            _progress(f"{graph}.plan: {size / 2**20:.1f} MiB in {seconds} s")
+            progress.note(f"{graph}.plan: {size / 2**20:.1f} MiB in {seconds} s")
             record["profiles"][graph] = {
                 name: {"min": list(lo), "opt": list(opt), "max": list(hi)} for name, (lo, opt, hi) in shapes[graph].items()
             }
@@ -233,5 +233,3 @@ def _write(pending: dict[Path, Path], path: Path, data: Any) -> tuple[str, int]:
     return digest.hexdigest(), len(view)
 
 
-def _progress(message: str) -> None:
-    print(f"s1omni build: {message}", file=sys.stderr, flush=True)

@@ -13,7 +13,6 @@ and the features themselves are a second output, ``image_embeds``.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -105,7 +104,6 @@ class TreeRunner(BaseRunner):
         self.backbone = backbone
         self.vision = vision
         self.iterations = 0
-        self.total: int | None = None  # the cases it will run, where known: its progress says "case 29/43"
 
     def activate_impl(self) -> None:
         pass
@@ -133,10 +131,6 @@ class TreeRunner(BaseRunner):
         hidden = self.backbone.run(trees)
         self.inference_time = time.perf_counter() - start
         self.iterations += 1
-        tokens = len(feed_dict["prefix_ids"]) + len(feed_dict["block_ids"])
-        of = f"/{self.total}" if self.total else ""
-        print(f"{self.name}: case {self.iterations}{of}: {len(trees)} trees, {tokens} tokens, {self.inference_time * 1e3:.1f} ms",
-              file=sys.stderr, flush=True)  # fmt: skip
         rows = [block for tree in hidden for block in tree]
         width = self.backbone.hidden_size
         outputs["hidden"] = np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, width), np.float32)

@@ -22,7 +22,9 @@ from typing import Any
 
 from polygraphy.comparator import Comparator, RunResults
 
+from s1omni.runtime import progress
 from s1omni.runtime.engine import VALIDATOR_VERSION, current_gate, load_engine_model, read_manifest, record_validation
+from s1omni.runtime.errors import InputError, UsageError
 
 from .families import export_family
 from .gate import CaseRecord, judge
@@ -50,16 +52,16 @@ def _reference(engine_dir: Path, manifest: dict[str, Any], cases: list[dict[str,
     where = find_record(roots, identity["model_sha256"], digest, device, precision)
     if where is None:
         if package is None:
-            raise SystemExit(f"s1omni validate: no {device}-{precision} reference record of these cases in "
+            raise UsageError(f"no {device}-{precision} reference record of these cases in "
                              f"{' or '.join(map(str, roots))}; pass --package PKG to make one")  # fmt: skip
         from s1omni.runtime.api import load_model
         from s1omni.runtime.runners.torch_runner import release_gpu_memory
 
         model = load_model(package, device=device, precision=precision)
         if model.identity.model_sha256 != identity["model_sha256"]:
-            raise SystemExit(f"s1omni validate: {package} is not the package {engine_dir} was built from")
+            raise InputError(f"{package} is not the package {engine_dir} was built from")
         if (model.device, model.runner.precision) != (device, precision):  # a record must be what its name says
-            raise SystemExit(f"s1omni validate: the {manifest['family']} reference runs at {model.runner.precision} on "
+            raise InputError(f"the {manifest['family']} reference runs at {model.runner.precision} on "
                              f"{model.device}, not {precision} on {device}")  # fmt: skip
         where = record_dir(roots[0], device, precision)
         make_reference(model, cases, where)
@@ -89,13 +91,12 @@ def validate(
     record, expected = _reference(engine_dir, manifest, cases, package, roots, reference_device or device, "fp32")
     # The BF16 reference: the reference's own GPU mode, beside the float32 one wherever the engine runs on a GPU.
     bf16 = _reference(engine_dir, manifest, cases, package, roots, "cuda", "bf16") if device == "cuda" else None
-    print(f"validate {member}: {manifest['backend']}/{manifest['target']} ({manifest['precision']}) against "
-          f"{record['runner']['name']}/{record['runner']['device']}, gate {gate['name']}, {len(cases)} cases", file=sys.stderr, flush=True)  # fmt: skip
+    progress.note(f"{member}: {manifest['backend']}/{manifest['target']} ({manifest['precision']}) against "
+                  f"{record['runner']['name']}/{record['runner']['device']}, gate {gate['name']}, {len(cases)} cases")  # fmt: skip
     io = export_family(family).cases
     plans, feeds = case_feeds(engine, cases)
     runner = io.runner(engine)
-    runner.total = len(cases)
-    results = Comparator.run([runner], data_loader=feeds)
+    results = Comparator.run([runner], data_loader=progress.Counted(feeds, f"cases on {runner.name}", "case"))
     answers = answers_from(engine, plans, results[runner.name])
     ran = [
         CaseRecord(case["name"], layout_digest(plan), values, dict(outputs), response["usage"]["input_tokens"])

@@ -5,12 +5,12 @@ tokenizer, config and calibration."""
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 from safetensors.numpy import save_file
 
+from s1omni.runtime import progress
 from s1omni.runtime.package import VerifiedPackage
 from s1omni.runtime.vela2.model import head_tensors
 
@@ -26,9 +26,9 @@ def export_heads(package: VerifiedPackage, out: Path) -> None:
 
 def write_vela2(package: VerifiedPackage, stage: Path, recurrences: tuple[str, ...]) -> dict[str, Any]:
     """The backbone graphs, heads, tokenizer, config and calibration of a Vela 2.0 decoder package."""
-    print(f"export {package.member.name}: tracing the backbone to ONNX", file=sys.stderr, flush=True)
+    progress.note(f"{package.member.name}: tracing the backbone to ONNX")
     move_into(export_backbone(package.root, stage / "graphs", recurrences=recurrences), stage)
-    print(f"export {package.member.name}: writing heads and tokenizer", file=sys.stderr, flush=True)
+    progress.note(f"{package.member.name}: writing heads and tokenizer")
     export_heads(package, stage)
     for name in COPIED:
         shutil.copyfile(package.root / name, stage / name)

@@ -14,7 +14,6 @@ block-diagonal mask instead (one segment for an image: a zero mask, the same sof
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 from torch import nn
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb_vision, eager_attention_forward
 
+from s1omni.runtime import progress
 from s1omni.runtime.omnijev.engine import VISION_GRAPH
 from s1omni.runtime.omnijev.image import Pixels
 from s1omni.runtime.omnijev.vision import VisionTower, grid_inputs
@@ -99,7 +99,7 @@ def export_vision(tower: VisionTower, config: dict, out_dir: Path, opset: int = 
     patches = {0: merge_unit * groups}
     shapes = (patches, patches, patches, patches, {0: torch.export.Dim("segments", min=2)})
     args = tuple(torch.from_numpy(value) for value in example(tower, config, EXAMPLE_GRID).values())
-    print(f"export: tracing vision ({len(tower.model.blocks)} blocks)", file=sys.stderr, flush=True)
+    progress.note(f"tracing vision ({len(tower.model.blocks)} blocks)")
     # Size-oblivious, as the backbone's trace: one segment is not a special case.
     with (
         torch.no_grad(),
@@ -124,7 +124,7 @@ def check_vision(tower: VisionTower, config: dict, path: Path) -> dict[str, floa
         expected = tower(Pixels(feeds["pixel_values"], grid, merge))
         found = session.run(None, feeds)[0]
         report["x".join(map(str, grid))] = float(np.abs(found - expected).max() / max(float(np.abs(expected).max()), 1e-30))
-    print(f"export: checked vision: {report}", file=sys.stderr, flush=True)
+    progress.note(f"checked vision: {report}")
     if max(report.values()) > RELATIVE:
         raise RuntimeError(f"the exported vision graph differs from the transformers tower: {report}")
     return report

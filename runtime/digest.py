@@ -5,12 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from . import progress
+
 CHUNK = 8 << 20
-# Files at least this large report hashing progress on a terminal.
+# Files at least this large show a hashing bar (on a terminal).
 PROGRESS_BYTES = 256 << 20
 
 
@@ -29,20 +30,15 @@ def sha256_bytes(data: bytes) -> str:
 
 def _stream(handle: BinaryIO, size: int, label: str) -> str:
     digest = hashlib.sha256()
-    show = size >= PROGRESS_BYTES and sys.stderr.isatty()
-    done = 0
-    while chunk := handle.read(CHUNK):
-        digest.update(chunk)
-        done += len(chunk)
-        if show:
-            print(f"\rhashing {label}: {done * 100 // size:3d}%", end="", file=sys.stderr, flush=True)
-    if show:
-        print(file=sys.stderr)
+    with progress.bar(size, f"hashing {label}", "B", unit_scale=True, shown=size >= PROGRESS_BYTES) as hashed:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+            hashed.update(len(chunk))
     return digest.hexdigest()
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    """The file's SHA-256, read in 8 MiB chunks (progress on a terminal for large files)."""
+    """The file's SHA-256, read in 8 MiB chunks (a bar on a terminal for large files)."""
     path = Path(path)
     with path.open("rb") as handle:
         return _stream(handle, path.stat().st_size, path.name)

@@ -1,4 +1,8 @@
-"""Error codes shared by planning, the scheduler and the HTTP layer.
+"""Errors: those a command reports, and the codes shared by planning, the scheduler and the HTTP layer.
+
+A command's failures are ``S1omniError`` subclasses, one per kind of cause; library code raises
+them with a message that names what is wrong and what to do, and only the CLI
+(``s1omni.cli.main``) turns them into a line on stderr and an exit code.
 
 Request-level errors carry an HTTP status and become ``{"error": {"code", "message"}}``.
 Item-level errors are answered in place inside a 200 response as ``{"type", "error"[, "message"]}``
@@ -76,5 +80,25 @@ def item_error(kind: str | None, code: str, message: str = "") -> dict[str, Any]
     return answer
 
 
-class PackageError(ValueError):
+class S1omniError(Exception):
+    """A failure a user can act on; its message says what is wrong and, where it helps, what to do."""
+
+
+class UsageError(S1omniError, ValueError):
+    """Options that cannot go together, or a value outside what the command takes."""
+
+
+class InputError(S1omniError, ValueError):
+    """A path, file or directory the command was given is refused (an output directory included)."""
+
+
+class PackageError(InputError):
     """A member package (or engine) failed verification; nothing from it was loaded."""
+
+
+class EnvironmentMissing(S1omniError, RuntimeError):
+    """The machine lacks what this run needs: a GPU, a library, an execution provider."""
+
+
+class GateMissed(S1omniError):
+    """An engine missed its member's gates, or a model failed its golden request."""

@@ -19,7 +19,7 @@ def fetch(registry: Registry, name: str, out: str | os.PathLike[str]) -> Verifie
         raise PackageError(f"{name} has no pinned files on the Hub to fetch")
     from huggingface_hub import snapshot_download
 
-    with staged_directory(out) as stage:
+    with staged_directory(out, "package") as stage:
         try:
             snapshot_download(
                 repo_id=member.repo,

@@ -71,6 +71,12 @@ def detect_family(root: Path) -> str:
     raise PackageError(f"{root} is not a package of a known family ({', '.join(families.FAMILIES)})")
 
 
+def layout_files(root: Path) -> set[str]:
+    """The files a package of ``root``'s family may hold, by name (nothing is hashed): what its gate
+    loads, and ``SHA256SUMS``. ``PackageError`` when ``root`` is no package of a known family."""
+    return {*families.family(detect_family(root)).gate().loaded_files(root), SUMS_FILE}
+
+
 def inside(root: Path, name: str) -> bool:
     """Whether ``name`` is a plain relative path that stays inside ``root``."""
     if not name or Path(name).is_absolute() or "\\" in name or ".." in Path(name).parts:

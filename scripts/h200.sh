@@ -4,9 +4,10 @@
 #   scripts/h200.sh SIZE OUT [STEPS]
 #
 # On a machine with one CUDA GPU and this package importable (the lent H200: python3 with torch,
-# transformers and onnx, plus onnxruntime-gpu 1.31.1, polygraphy, starlette and uvicorn). STEPS is a
-# comma-separated subset of synth,export,build,validate,bench (default: all, in that order), so a
-# run can be split over several calls of a machine that keeps /tmp between them:
+# transformers and onnx, plus onnxruntime-gpu 1.31.1, polygraphy, starlette, uvicorn, prometheus_client
+# and python-json-logger). STEPS is a comma-separated subset of synth,export,build,validate,bench
+# (default: all, in that order), so a run can be split over several calls of a machine that keeps /tmp
+# between them:
 #
 #   synth     a synthetic Vela member of SIZE (0.8B, 4B, 9B; random weights, real shapes)
 #   export    its backbone to ONNX, fused Gated DeltaNet graphs only ($RECURRENCE=both for the Scan graphs

@@ -90,17 +90,21 @@ class Access:
         route = path if path in self.routes else "unmatched"
         code = state.get("code") or ("client_closed" if status == CLIENT_CLOSED else "ok")
         tokens = state.get("tokens", 0)
-        self.metrics.requests.inc(route, str(status), code)
+        self.metrics.requests.labels(route, str(status), code).inc()
         if route in DECISION_ROUTES:
             for stage, seconds in (*timing.stages().items(), ("total", total)):
-                self.metrics.stage_seconds.observe(seconds, stage)
-            self.metrics.input_tokens.inc(amount=tokens)
+                self.metrics.stage_seconds.labels(stage).observe(seconds)
+            self.metrics.input_tokens.inc(tokens)
         if route in QUIET_ROUTES and status < 400:
             return
-        stages = " ".join(f"{stage}={seconds * 1e3:.3f}" for stage, seconds in timing.stages().items())
+        stages_ms = {stage: round(seconds * 1e3, 3) for stage, seconds in timing.stages().items()}
         log.info(
             "%s %s %d code=%s id=%s tokens=%d %s total=%.3f ms",
-            scope["method"], path, status, code, request_id, tokens, stages, total * 1e3,
+            scope["method"], path, status, code, request_id, tokens, " ".join(f"{k}={v:.3f}" for k, v in stages_ms.items()),
+            total * 1e3,
+            # The same facts as fields, for --log-format json.
+            extra={"method": scope["method"], "path": path, "status": status, "code": code, "request_id": request_id,
+                   "tokens": tokens, "stages_ms": stages_ms, "total_ms": round(total * 1e3, 3)},
         )  # fmt: skip
 
 

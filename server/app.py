@@ -40,7 +40,6 @@ from s1omni.runtime.errors import RequestError
 
 from . import wire
 from .access import CLIENT_CLOSED, Access
-from .metrics import CONTENT_TYPE
 from .service import Service
 
 log = logging.getLogger("s1omni.server")
@@ -123,10 +122,13 @@ def create_app(service: Service) -> ASGIApp:
         return _json(service.health())
 
     async def live(request: Request) -> Response:
+        if not service.alive:  # the load failed: the health body says why
+            return _json(service.health(), 503)
         return _json(family.live())
 
     async def metrics(request: Request) -> Response:
-        return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+        body, content_type = service.metrics.render(request.headers.get("accept"))
+        return Response(body, headers={"content-type": content_type})
 
     async def not_found(request: Request, exc: Exception) -> Response:
         path = request.url.path

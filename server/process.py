@@ -16,6 +16,10 @@ plain-text 400; here the 400 carries the family's JSON refusal (``invalid_reques
 framing is broken cannot be read as a body. Such a 400 has no ``Server-Timing`` or ``X-Request-Id``
 and is not in the metrics; uvicorn logs it as "Invalid HTTP request received.". A malformed chunk
 comes while the app reads that body: the app sees its client leave (499 in the access log).
+
+A model that fails to load or warm up stops the server at once: ``serve`` raises the load's error
+once uvicorn has shut down, so that ``s1omni serve`` exits non-zero and an orchestrator restarts it
+rather than leaving a process that can never be ready.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from types import FrameType
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from pythonjsonlogger.core import RESERVED_ATTRS
+from pythonjsonlogger.json import JsonFormatter
 
 from s1omni.runtime.errors import RequestError
 
@@ -39,6 +45,25 @@ from .service import Service
 log = logging.getLogger("s1omni.server")
 # Once drained, what is left are responses being written: this long at most.
 CLOSE_TIMEOUT_S = 5
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# JSON lines: an ISO 8601 UTC ``time``, these fields under short names, then whatever a record carries as
+# ``extra`` (the access log's request fields), less uvicorn's terminal-coloured copy of its message.
+JSON_FIELDS = "%(levelname)s %(name)s %(message)s"
+JSON_NAMES = {"levelname": "level", "name": "logger"}
+JSON_LEFT_OUT = (*RESERVED_ATTRS, "color_message")
+
+
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """One stderr handler on the root logger, in text or JSON lines; uvicorn's loggers propagate to it."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        formatter = JsonFormatter(
+            JSON_FIELDS, rename_fields=JSON_NAMES, timestamp="time", reserved_attrs=JSON_LEFT_OUT, json_ensure_ascii=False
+        )
+        handler.setFormatter(formatter)
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 class DrainingServer(uvicorn.Server):
@@ -57,6 +82,8 @@ class DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         if await super().on_tick(counter):
+            return True
+        if not self.service.alive:
             return True
         if self.drain_until is None:
             return False
@@ -104,8 +131,11 @@ def serve(service: Service, log_level: str = "info") -> None:
         port=config.port,
         http=_protocol(service),
         log_level=log_level,
+        log_config=None,  # the root logger's handler (configure_logging) formats uvicorn's lines too
         access_log=False,  # server.access logs each request with its timings
         lifespan="on",
         timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
     )
     DrainingServer(uvicorn_config, service).run()
+    if service.failure is not None:
+        raise service.failure

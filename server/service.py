@@ -5,8 +5,10 @@ It becomes ready only after its golden request (``model.golden_request()``) has 
 through the very path a client's request takes (its family's reading, admission, plan,
 scheduler, finish, encoding) with no question failing
 (vllm-project/semantic-router:src/model-runtime/vllm_srun/runtime.py ``ServedModel.load``;
-wire-contract.md §11.7). The family of the package picks the rules (``s1omni.server.families``) before
-it loads, so that a request refused while it loads is refused in that family's form too; the
+wire-contract.md §11.7). A load or warm-up that fails leaves the service ``failed`` for good, with the
+error kept in ``failure``: ``/health/live`` then answers 503 and ``s1omni serve`` stops and exits
+with that error's code (``s1omni.server.process``). The family of the package picks the rules
+(``s1omni.server.families``) before it loads, so that a request refused while it loads is refused in that family's form too; the
 loaded model must be of that family.
 """
 
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from s1omni.runtime.api import DecisionModel
-from s1omni.runtime.errors import RequestError
+from s1omni.runtime.errors import GateMissed, InputError, RequestError, S1omniError
 
 from . import wire
 from .config import ServeConfig
@@ -51,6 +53,7 @@ class Service:
         self.family: Family = family_for(source.family, config, self.metrics)
         self.status, self.reason = "starting", "the server is starting"
         self.model: DecisionModel | None = None
+        self.failure: Exception | None = None  # why the load or warm-up failed
         self.scheduler: Scheduler | None = None
         self._card: dict[str, Any] = {}
         self.inflight = 0  # decisions handlers between their first byte and their answer
@@ -71,6 +74,11 @@ class Service:
         return self.status == "ready"
 
     @property
+    def alive(self) -> bool:
+        """False once the load or warm-up failed: the process has nothing left to serve."""
+        return self.failure is None
+
+    @property
     def healthy(self) -> bool:
         """What ``/health`` says: ready, and nothing it speaks for (``peers``) is not."""
         return self.ready and self.peers() is None
@@ -88,7 +96,7 @@ class Service:
             started = time.perf_counter()
             model = self.source.load()
             if model.family != self.family.name:
-                raise RuntimeError(f"{self.source.label} loaded as a {model.family} model, not {self.family.name}")
+                raise InputError(f"{self.source.label} loaded as a {model.family} model, not {self.family.name}")
             card = self.family.card(model)
             self.scheduler = Scheduler(model.execute, self.family.limits, self.metrics)
             self.scheduler.start()
@@ -101,18 +109,27 @@ class Service:
             self._set("ready")
             log.info("ready: %s", model.id)
         except Exception as exc:
-            log.exception("%s cannot be served", self.source.label)
             self._set("failed", f"{type(exc).__name__}: {exc}")
+            self.failure = exc
+            # A refusal of ours says why in one line; a bug (one the golden request ran into too) keeps its traceback.
+            cause = exc.__cause__
+            ran_into = isinstance(exc, GateMissed) and cause is not None and not isinstance(cause, (S1omniError, RequestError))
+            bug = not isinstance(exc, S1omniError) or ran_into
+            log.error("%s cannot be served: %s", self.source.label, exc, exc_info=bug)
 
     async def _warm_up(self) -> None:
+        """The golden request, answered as a client's would be; however it fails, the model missed a gate."""
         assert self.model is not None
         timing = Timing()
-        raw = wire.encode(self.model.golden_request())
-        content, _ = await self.family.answer(self.family.read(raw), len(raw), timing, None)
-        wire.encode(content)
+        try:
+            raw = wire.encode(self.model.golden_request())
+            content, _ = await self.family.answer(self.family.read(raw), len(raw), timing, None)
+            wire.encode(content)
+        except Exception as exc:
+            raise GateMissed(f"the golden request failed: {exc}") from exc
         failed = {key: answer for key, answer in content["answers"].items() if "error" in answer}
         if failed:
-            raise RuntimeError(f"the golden request's questions failed: {failed}")
+            raise GateMissed(f"the golden request failed: its questions answered {failed}")
         log.info("warm-up answered in %.1f ms", timing.total() * 1e3)
 
     def begin_drain(self) -> None:

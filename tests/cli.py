@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 
-def run_s1omni(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run ``s1omni ARGS`` and return what it did, whatever its exit status."""
-    return subprocess.run([sys.executable, "-m", "s1omni", *args], capture_output=True, text=True, env=os.environ)
+def run_s1omni(*args: str, env: dict[str, str] | None = None, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``s1omni ARGS`` (with ``env`` over this process's environment) and return what it did, whatever its exit status."""
+    command = [sys.executable, "-m", "s1omni", *args]
+    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
 
 
 def s1omni(*args: str) -> subprocess.CompletedProcess[str]:

@@ -14,6 +14,7 @@ from s1omni.bench.http_load import server_timing
 from s1omni.bench.stats import nearest_rank, ratios, summarize
 from s1omni.bench.workloads import REFERENCE, backbone, measure, named
 from s1omni.cli.main import main
+from s1omni.runtime.errors import UsageError
 
 STAGES = {"parse", "tokenize", "queue", "forward", "post", "serialize", "total"}
 
@@ -94,17 +95,17 @@ def test_merged_requests_answer_as_one_request_each(tiny_model) -> None:
     assert len(responses) == 3
     for response in responses:
         assert response["answers"] == alone["answers"] and response["usage"] == alone["usage"]
-    with pytest.raises(SystemExit, match="only requests merge"):
+    with pytest.raises(UsageError, match="only requests merge"):
         named("backbone-16@2", "vela2")
-    with pytest.raises(SystemExit, match="no workload"):
+    with pytest.raises(UsageError, match="no workload"):
         named("noul-default@0", "vela2")
 
 
-def test_http_clients_are_not_merged_requests(tiny_vela: Path, tmp_path: Path) -> None:
+def test_http_clients_are_not_merged_requests(tiny_vela: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["bench", "--package", str(tiny_vela), "--workloads", "", "--http", "--http-workload", "noul-default@2",
             "--out", str(tmp_path / "out")]  # fmt: skip
-    with pytest.raises(SystemExit, match="must be one request"):
-        main(argv)
+    assert main(argv) == 2  # usage
+    assert "must be one request" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
@@ -150,15 +151,17 @@ def test_subjects_are_named_by_backend_target_kernel_and_what_is_not_the_default
     ]  # fmt: skip
 
 
-def test_an_engine_that_missed_its_gate_is_timed_in_process_and_not_served(exported: Path, tiny_vela: Path, tmp_path: Path) -> None:
+def test_an_engine_that_missed_its_gate_is_timed_in_process_and_not_served(
+    exported: Path, tiny_vela: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A built, never validated engine: refused by ``--http`` alone; with ``--allow-unvalidated`` timed in
     process beside the reference and left out of the HTTP levels, which say why."""
     engine = tmp_path / "engine"
     assert main(["build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--out", str(engine)]) == 0
     argv = ["bench", "--package", str(tiny_vela), "--engine", str(engine), "--workloads", "backbone", "--tokens", "16",
             "--requests", "2", "--warmup", "0", "--http", "--http-workload", "noul-default", "--concurrency", "1"]  # fmt: skip
-    with pytest.raises(SystemExit, match="has not passed validation"):
-        main([*argv, "--out", str(tmp_path / "refused")])
+    assert main([*argv, "--out", str(tmp_path / "refused")]) == 3  # the engine refused
+    assert "has not passed validation" in capsys.readouterr().err
     assert main([*argv, "--allow-unvalidated", "--out", str(tmp_path / "record")]) == 0
     data = json.loads((tmp_path / "record" / "bench.json").read_text(encoding="utf-8"))
     name = "onnxruntime/cpu/Scan"

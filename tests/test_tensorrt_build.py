@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.tensorrt_build import build_plans, profile_shapes, read_graph
-from s1omni.runtime.errors import PackageError
+from s1omni.runtime.errors import EnvironmentMissing, PackageError
 from s1omni.runtime.runners.tensorrt_runner import check_plan, device_compute_capability
 
 HIDDEN, STATE = 16, 8
@@ -33,7 +33,7 @@ def test_refuses_another_library_or_version_and_a_missing_gpu():
     for library, version in (("tensorrt", "10.14.1.48"), ("tensorrt_rtx", "10.13.3.9")):
         with pytest.raises(PackageError, match="--backend tensorrt --target sm_89"):
             check_plan(manifest("sm_89"), "8.9", library, version)
-    with pytest.raises(PackageError, match="none is visible"):
+    with pytest.raises(EnvironmentMissing, match="none is visible"):
         check_plan(manifest("sm_89"), None, "tensorrt", "10.13.3.9")
     check_plan(manifest("sm_89"), "sm_89", "tensorrt", "10.13.3.9")  # a match loads
 

@@ -33,6 +33,7 @@ import numpy as np
 import onnxruntime
 from onnx import TensorProto, helper
 
+from ..errors import EnvironmentMissing
 from .base import Block, Prefix, Tree, pad_blocks, text_positions
 from .cuda_graphs import UNCAPTURED, Graph, GraphedSession, bucket, run_options
 
@@ -143,7 +144,7 @@ class OnnxRuntimeRunner:
         # A graph-enabled session's runs outside every graph say so (see ``cuda_graphs``).
         self._uncaptured = run_options(UNCAPTURED) if cuda_graphs else None
         if self.device == "cuda" and "CUDAExecutionProvider" not in self._prefill.get_providers():
-            raise RuntimeError("onnxruntime has no CUDA execution provider here (install onnxruntime-gpu)")
+            raise EnvironmentMissing("onnxruntime has no CUDA execution provider here (pip install 's1omni[gpu]', without onnxruntime)")
         self._embedding = embedding
         first = self._prefill.get_inputs()[0].name
         if (first == "inputs_embeds") != (embedding is not None):

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..digest import sha256_file
-from ..errors import PackageError
+from ..errors import EnvironmentMissing, PackageError
 from .base import Block, Prefix, Tree, pad_blocks, run_one_by_one, text_positions
 
 # Library name (as recorded in manifests) -> the Python modules that provide it, tried in order.
@@ -60,7 +60,7 @@ def load_library(name: str | None = None) -> Library:
                 continue
             return Library(library, module.__version__, module)
     wanted = name or "TensorRT or TensorRT for RTX"
-    raise PackageError(f"{wanted} is not installed (TensorRT for RTX: pip install 's1omni[tensorrt-rtx]')")
+    raise EnvironmentMissing(f"{wanted} is not installed (pip install 's1omni[tensorrt]', or 's1omni[tensorrt-rtx]' for TensorRT for RTX)")
 
 
 @cache
@@ -119,7 +119,7 @@ def check_plan(manifest: dict[str, Any], device_cc: str | None, library: str, li
     built = normalize_target(str(manifest.get("target", "")))
     label = f"plan built for {built} with {manifest.get('library')} {manifest.get('library_version')}"
     if device_cc is None:
-        raise PackageError(f"{label} needs a CUDA GPU and none is visible; on a GPU machine: {rebuild_command(manifest, built)}")
+        raise EnvironmentMissing(f"{label} needs a CUDA GPU and none is visible; on a GPU machine: {rebuild_command(manifest, built)}")
     device = normalize_target(device_cc)
     command = rebuild_command(manifest, device)
     if built != device:
@@ -215,7 +215,7 @@ class TensorRtRunner:
         """Check the manifest against this machine, then each plan's SHA-256, then deserialize."""
         try:
             library = load_library(manifest.get("library"))
-        except PackageError:
+        except EnvironmentMissing:
             library = load_library()  # check_plan names the rebuild for the library that is installed
         check_plan(manifest, device_compute_capability(), library.name, library.version)
         directory = Path(directory)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from ..errors import EnvironmentMissing
 from .base import Block, Prefix, Tree, pad_blocks, run_one_by_one, text_positions
 
 BACKBONE_PREFIX = "backbone."
@@ -85,6 +86,8 @@ class TorchRunner:
     def __init__(self, model, device: str = "cpu", precision: str | None = None):
         """``precision`` bf16 (the reference's GPU policy: BF16 autocast) or fp32 (TF32 off on a GPU)."""
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise EnvironmentMissing(f"device {device}: torch {torch.__version__} sees no CUDA GPU here")
         self.precision = precision or ("bf16" if self.device == "cuda" else "fp32")
         if self.device == "cpu" and self.precision != "fp32":
             raise ValueError("the CPU reference runs in float32")

@@ -233,7 +233,7 @@ def write(out: str | Path, size_name: str = "tiny", seed: int = 0) -> Member:
     shapes = tensor_shapes(size_name)
     name = member_name(size_name, seed)
     full_config = config(size)
-    with staged_directory(out) as stage:
+    with staged_directory(out, "package") as stage:
         groups = shard_plan(shapes["language"], size.shards)
         weight_map, total = {}, 0
         for index, group in enumerate(groups, start=1):

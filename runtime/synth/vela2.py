@@ -9,7 +9,6 @@ the pinned parameter counts. The same size and seed give byte-identical files.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from safetensors.torch import save_file
 
 from ..digest import sha256_file, sha256_json
 from ..registry import Member
+from .. import progress
 from ..staging import staged_directory
 from .qwen35 import Backbone, gated_delta_parameter, generator, shard_plan, text_config
 from .tokenizer import train_tokenizer
@@ -182,22 +182,17 @@ def _save(path: Path, entries: list[tuple[str, tuple[int, ...]]], seed: int, dty
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def _progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def write(out: str | Path, size_name: str = "tiny", seed: int = 0, max_length: int = MAX_LENGTH) -> Member:
     """Write the member into ``out`` atomically and return its registry entry."""
     if size_name not in SIZES:
         raise ValueError(f"size must be one of {list(SIZES)}")
     size = SIZES[size_name]
     shapes = tensor_shapes(size_name)
-    with staged_directory(out) as stage:
+    with staged_directory(out, "package") as stage:
         groups = shard_plan(shapes["model"], size.shards)
         weight_map = {}
-        for index, group in enumerate(groups, start=1):
+        for index, group in enumerate(progress.track(groups, f"writing {size_name} shards", unit="shard"), start=1):
             shard = f"model-{index:05d}-of-{len(groups):05d}.safetensors"
-            _progress(f"synth {size_name}: writing {shard} ({index}/{len(groups)})")
             _save(stage / shard, group, seed, size.weights_dtype)
             weight_map.update({name: shard for name, _ in group})
         _save(stage / "broad_head.safetensors", shapes["broad"], seed, torch.float32)

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 S1OMNI = Path(sys.executable).with_name("s1omni")
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 START_TIMEOUT_S = 180
 SERVER_TIMING = re.compile(
@@ -188,8 +189,8 @@ def detail(response: httpx.Response, status: int) -> str:
 
 
 def metric(text: str, name: str, **labels: str) -> float:
-    """One sample of a Prometheus text exposition (0 when absent)."""
-    wanted = ",".join(f'{key}="{value}"' for key, value in labels.items())
-    pattern = "^" + re.escape(name + (f"{{{wanted}}}" if wanted else "")) + r" (\S+)$"
-    found = re.search(pattern, text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    """One sample of a Prometheus text exposition, its labels in any order (0 when absent)."""
+    for found in re.finditer(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", text, re.MULTILINE):
+        if dict(LABEL.findall(found.group(1) or "")) == labels:
+            return float(found.group(2))
+    return 0.0

@@ -290,4 +290,4 @@ def test_autoscaling_bounds_and_the_routing_bound_go_to_ray_serve() -> None:
 
 def test_ray_options_need_ray(tiny_vela: Path) -> None:
     done = subprocess.run([str(S1OMNI), "serve", str(tiny_vela), "--replicas", "2"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and "--replicas apply with --ray only" in done.stderr, done.stderr
+    assert done.returncode == 2 and "--replicas apply with --ray only" in done.stderr, done.stderr  # usage
