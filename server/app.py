@@ -28,7 +28,7 @@ from starlette.types import ASGIApp
 
 from s1omni.runtime.errors import RequestError
 
-from . import wire
+from . import openapi, wire
 from .access import CLIENT_CLOSED, Access
 from .metrics import CONTENT_TYPE
 from .service import Service
@@ -137,6 +137,7 @@ def create_app(service: Service) -> ASGIApp:
         Route("/health", health, methods=["GET"]),
         Route("/health/live", live, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *openapi.routes(family.name),
     ]
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed}, lifespan=lifespan)
     return Access(app, service.metrics, frozenset(route.path for route in routes))
