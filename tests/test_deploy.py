@@ -73,7 +73,7 @@ def test_the_dockerfile_is_a_non_root_cuda_runtime_image_with_a_healthcheck() ->
         (lambda text: text.replace("USER s1omni\n", ""), "the image runs as root"),
         (lambda text: re.sub(r"HEALTHCHECK[^\n]*\\\n[^\n]*\n", "", text), "no HEALTHCHECK on /health"),
         (
-            lambda text: text.replace("nvidia/cuda:12.9.1-cudnn-runtime-", "nvidia/cuda:12.9.1-cudnn-devel-"),
+            lambda text: text.replace("nvidia/cuda:13.0.1-cudnn-runtime-", "nvidia/cuda:13.0.1-cudnn-devel-"),
             "base is not a CUDA runtime",
         ),
         (lambda text: text.replace("[gpu]", ""), "gpu extra"),
