@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
+from s1omni import __version__
 from s1omni.runtime.errors import ITEM_CODES, REQUEST_STATUS
 
 from . import envelope, wire
@@ -358,21 +359,12 @@ def document(family: str, title: str = "s1omni") -> dict[str, Any]:
         "openapi": VERSION,
         "info": {
             "title": f"{title} ({family})",
-            "version": _version(),
+            "version": __version__,
             "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
         },
         "paths": paths,
         "components": {"schemas": schemas},
     }
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("s1omni")
-    except PackageNotFoundError:  # a source tree without an install
-        return "0"
 
 
 def page(spec: dict[str, Any]) -> str:
