@@ -1,7 +1,7 @@
 """The built wheel, installed into a fresh venv, runs the whole pipeline outside the source tree.
 
-The wheel is built from a copy of the tracked sources (``pip wheel --no-deps --no-build-isolation``:
-no download) and installed with ``--no-deps`` into a venv that sees this environment's
+The wheel is built from a copy of the sources (``pip wheel --no-deps --no-build-isolation``: no
+download; the setuptools it builds with comes with torch) and installed with ``--no-deps`` into a venv that sees this environment's
 dependencies through a path file, not its editable ``s1omni``. Every command then runs in a scratch
 directory with ``PYTHONPATH`` unset, so a module left out of the wheel, or ``calib/`` missing from its
 package data, fails here: validate reads the cases, gates and the tiny member's reference record

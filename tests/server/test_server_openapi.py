@@ -97,7 +97,7 @@ def test_errors_match_both_contracts(server: Server, spec: dict[str, Any]) -> No
         (server.client.post("/v1/systemone", content=b'{"state": "x", "state": "y"}'), 400),
         (server.post({"state": "x", "questions": {"q": {"type": "colour"}}}), 400),
         (server.post({"state": "x", "questions": noul, "model": "another/model"}), 404),
-        (server.client.post("/v1/systemone", content=b" " * (8 << 20 + 1)), 413),
+        (server.client.post("/v1/systemone", content=b" " * ((8 << 20) + 1)), 413),
     ]
     for response, status in refusals:
         assert response.status_code == status, response.text
