@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw
 
+from s1omni.runtime.families import family as family_of
 from s1omni.runtime.runners.base import Block, Prefix, Tree
 
 from .stats import now, ratios, summarize, time_calls, to_ms
@@ -129,7 +130,7 @@ def named(name: str, family: str) -> Workload:
     if found:
         return backbone(int(found.group(1)))
     found = SCREENSHOT.fullmatch(name)
-    if found and family == "omnijev":
+    if found and family_of(family).images:
         return screenshot(int(found.group(1)))
     case = ALIASES.get(name, name)
     known = cases(family)

@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import argparse
 
+from s1omni.runtime.families import FAMILIES, family
+
 from . import add_registry
 
 HELP = "write a synthetic member (real layout, random deterministic weights) and its registry entry"
-FAMILIES = {"vela2": "s1omni.runtime.synth.vela2", "omnijev": "s1omni.runtime.synth.omnijev"}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -17,11 +18,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import importlib
-
     from s1omni.runtime.registry import user_registry, write_entry
 
-    writer = importlib.import_module(FAMILIES[args.family])
+    writer = family(args.family).synth()
     if args.size not in writer.SIZES:
         raise SystemExit(f"s1omni synth: {args.family} sizes are {', '.join(writer.SIZES)}")
     member = writer.write(args.out, args.size, args.seed)

@@ -61,12 +61,3 @@ class VisionCases(TextCases):
     def answers(self, model: Any, plan: Any, outputs: dict[str, np.ndarray]) -> tuple[dict[str, Any], dict[str, Any]]:
         result = self.result(model, plan, outputs)
         return model.finish(plan, result), model.finish(plan, result, digits=None)
-
-
-FAMILIES = {"vela2": TextCases(), "omnijev": VisionCases()}
-
-
-def case_io(family: str) -> TextCases:
-    if family not in FAMILIES:
-        raise SystemExit(f"s1omni validate: no validation for the {family} family")
-    return FAMILIES[family]

@@ -30,8 +30,7 @@ from s1omni.runtime.omnijev.vision import VisionTower
 from s1omni.runtime.package import VerifiedPackage
 from s1omni.runtime.runners.torch_runner import load_backbone
 
-from .onnx_export import export_model, progress
-from .package_export import move_into
+from .onnx_export import export_model, move_into, progress
 from .vision_export import export_vision
 
 RELEASE_FIELDS = ("model_id", "option_tokens", "max_pixels")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import sys
 import time
 import warnings
@@ -116,6 +117,13 @@ def graph_file(graph: str, recurrence: str) -> str:
 
 def progress(message: str) -> None:
     print(f"export: {message}", file=sys.stderr, flush=True)
+
+
+def move_into(directory: Path, target: Path) -> None:
+    """Move the files of ``directory`` (an exporter's own atomic output) into ``target`` and remove it."""
+    for path in sorted(directory.iterdir()):
+        shutil.move(str(path), target / path.name)
+    directory.rmdir()
 
 
 def load_package_backbone(package_dir: Path) -> nn.Module:

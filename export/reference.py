@@ -17,7 +17,7 @@ from polygraphy.comparator import Comparator, RunResults
 
 from s1omni.runtime.digest import sha256_json
 
-from .case_io import case_io
+from .families import export_family
 
 HIDDEN = "hidden.json"
 ANSWERS = "answers.json"
@@ -42,12 +42,12 @@ def layout_digest(plan) -> str:
 
 def case_feeds(model, cases: list[dict[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]]:
     plans = [model.plan(case["request"]) for case in cases]
-    return plans, [case_io(model.family).feeds(plan) for plan in plans]
+    return plans, [export_family(model.family).cases.feeds(plan) for plan in plans]
 
 
 def answers_from(model, plans: list[Any], results: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Each case's response and compared answers from a runner's outputs (one iteration per case)."""
-    io = case_io(model.family)
+    io = export_family(model.family).cases
     return [io.answers(model, plan, iteration) for plan, iteration in zip(plans, results, strict=True)]
 
 
@@ -60,7 +60,7 @@ def make_reference(model, cases: list[dict[str, Any]], out: Path) -> None:
     """Run the reference model over the cases and write its record into ``out``."""
     print(f"reference {model.id}: {len(cases)} cases on {model.runner.name}/{model.device}", file=sys.stderr, flush=True)
     plans, feeds = case_feeds(model, cases)
-    results = Comparator.run([case_io(model.family).runner(model, REFERENCE_RUNNER)], data_loader=feeds)
+    results = Comparator.run([export_family(model.family).cases.runner(model, REFERENCE_RUNNER)], data_loader=feeds)
     out.mkdir(parents=True, exist_ok=True)
     results.save(str(out / HIDDEN))
     answers = answers_from(model, plans, results[REFERENCE_RUNNER])

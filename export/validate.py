@@ -23,8 +23,8 @@ from polygraphy.comparator import Comparator, CompareFunc, RunResults
 
 from s1omni.runtime.engine import load_engine_model, read_manifest, record_validation
 
-from .case_io import case_io
 from .compare_answers import CaseStats
+from .families import export_family
 from .reference import REFERENCE_RUNNER, answers_from, case_feeds, compared, layout_digest, load_cases, load_reference, make_reference
 
 from s1omni.calib import CALIB
@@ -85,7 +85,7 @@ def validate(
     gate_name, gate = _gate(manifest, family)
     print(f"validate {member}: {manifest['backend']}/{manifest['target']} ({manifest['precision']}) against "
           f"{record['runner']['name']}/{record['runner']['device']}, gate {gate_name}, {len(cases)} cases", file=sys.stderr, flush=True)  # fmt: skip
-    io = case_io(family)
+    io = export_family(family).cases
     plans, feeds = case_feeds(engine, cases)
     runner = io.runner(engine)
     results = Comparator.run([runner], data_loader=feeds)

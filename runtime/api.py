@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from .families import family
 from .registry import Registry
 
 
@@ -67,12 +68,4 @@ def load_model(
     from .package import verify
 
     package = verify(path, registry)
-    if package.family == "vela2":
-        from .vela2.model import Vela2Model
-
-        return Vela2Model.from_package(package, device=device, precision=precision)
-    if package.family == "omnijev":
-        from .omnijev.model import OmniJevModel
-
-        return OmniJevModel.from_package(package, device=device)
-    raise ValueError(f"no model for family {package.family}")
+    return family(package.family).from_package(package, device=device, precision=precision)

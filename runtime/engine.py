@@ -23,6 +23,7 @@ from typing import Any
 
 from .digest import sha256_file
 from .errors import PackageError
+from .families import family
 from .package import inside, present_files
 from .registry import Registry
 
@@ -134,23 +135,4 @@ def load_engine_model(
             f"the engine {path} was built from {member['name']}@{member['revision']}, but the registry pins "
             f"{known.revision}; rebuild it with `s1omni export` and `s1omni build`"
         )
-    if manifest.get("family") == "omnijev":
-        from .omnijev.engine import load_engine
-
-        return load_engine(path, manifest, device)
-    if manifest.get("family") != "vela2":
-        raise PackageError(f"no engine model for family {manifest.get('family')!r}")
-    from .vela2.heads import read_tensors
-    from .vela2.model import Identity, Vela2Model
-
-    heads = read_tensors([path / "heads.safetensors"], ("head.", "set_bias", "span2.", "span_broad."))
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    calibration = json.loads((path / "calibration.json").read_text(encoding="utf-8"))
-    return Vela2Model(
-        Identity(**member),
-        config,
-        calibration,
-        path / "tokenizer.json",
-        heads,
-        engine_runner(path, manifest, device),
-    )
+    return family(manifest.get("family")).from_engine(path, manifest, device)

@@ -8,7 +8,6 @@ safetensors files (no pickle) and no bundled Python is imported.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import stat
@@ -16,13 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from . import families
 from .digest import sha256_file
 from .errors import PackageError
 from .registry import Member, Registry
 
 SUMS_FILE = "SHA256SUMS"
-# Family gate modules, imported only when a package of that family is verified.
-FAMILY_GATES = {"vela2": "s1omni.runtime.vela2.package", "omnijev": "s1omni.runtime.omnijev.package"}
 
 
 class FamilyGate(Protocol):
@@ -62,20 +60,15 @@ class VerifiedPackage:
         return self.member.family
 
 
-def _gate(family: str) -> FamilyGate:
-    module = importlib.import_module(FAMILY_GATES[family])
-    return module.GATE
-
-
 def detect_family(root: Path) -> str:
-    for family in FAMILY_GATES:
+    for face in families.FAMILIES.values():
         try:
-            gate = _gate(family)
+            gate = face.gate()
         except ModuleNotFoundError:
             continue
         if gate.detect(root):
-            return family
-    raise PackageError(f"{root} is not a package of a known family ({', '.join(FAMILY_GATES)})")
+            return face.name
+    raise PackageError(f"{root} is not a package of a known family ({', '.join(families.FAMILIES)})")
 
 
 def inside(root: Path, name: str) -> bool:
@@ -168,7 +161,7 @@ def verify(root: str | os.PathLike[str], registry: Registry | None = None, famil
     root = Path(root)
     registry = registry or Registry.load()
     present = present_files(root)
-    gate = _gate(family or detect_family(root))
+    gate = families.family(family or detect_family(root)).gate()
     loaded = gate.loaded_files(root)
     for name in loaded:
         if not inside(root, name):

@@ -36,7 +36,9 @@ precisions=${PRECISIONS:-fp32}
 work=${S1OMNI_WORK:-/tmp/s1omni-work}
 export S1OMNI_HOME=$work/home PYTHONUNBUFFERED=1
 mkdir -p "$out" "$work"
-s1omni() { python3 -m server.cli "$@"; }
+# The device image has no registry: install this tree (no dependencies) once per fresh machine.
+python3 -c "import s1omni.runtime" 2>/dev/null || python3 -m pip install -q --no-deps --no-build-isolation -e . >&2
+s1omni() { python3 -m s1omni "$@"; }
 stamp() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
 wants() { [[ ",$steps," == *",$1,"* ]]; }
 

@@ -18,8 +18,8 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
 from ..engine import engine_runner
+from ..identity import Identity
 from ..runners.onnxruntime_runner import providers
-from ..vela2.model import Identity
 from .heads import Heads
 from .image import Pixels, Processor
 from .model import PROCESSOR_CONFIG, OmniJevModel, Release

@@ -29,10 +29,10 @@ import torch
 from PIL import Image
 from tokenizers import Tokenizer
 
+from ..identity import Identity, identity_of
 from ..package import VerifiedPackage, read_json
 from ..runners.base import BackboneRunner, Block, Prefix, Tree, text_positions
 from ..runners.torch_runner import TorchRunner, load_backbone
-from ..vela2.model import Identity, identity_of
 from . import contract, finish, layout
 from .contract import ContractError, Kind, Question
 from .features import option_features, token_logprobs
@@ -167,7 +167,9 @@ class OmniJevModel:
         self.embedding = embedding
 
     @classmethod
-    def from_package(cls, package: VerifiedPackage, device: str = "cpu") -> OmniJevModel:
+    def from_package(cls, package: VerifiedPackage, device: str = "cpu", precision: str | None = None) -> OmniJevModel:
+        """The torch reference over a verified package, in the released float32 weights; ``precision``
+        (Vela 2.0's bf16 autocast choice, which every face takes) is not applied."""
         root, details = package.root, package.details
         manifest, config = details["manifest"], details["config"]
         processor_config = read_json(root / PROCESSOR_CONFIG) if PROCESSOR_CONFIG in manifest["outputs"] else None

@@ -35,9 +35,9 @@ from tokenizers import Tokenizer
 
 from ..digest import canonical_json, sha256_json
 from ..errors import PackageError
+from ..identity import count_parameters
 from ..package import read_json
 from ..registry import Member, Registry
-from ..vela2.package import count_parameters
 from .finish import Calibration
 from .layout import IMAGE_PAD, OPTION_CLOSE, OPTION_OPEN
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DEADLINE_EXCEEDED, MAX_LENGTH_EXCEEDED, SCAN_BUDGET_EXCEEDED, RequestError, item_error
+from ..identity import Identity, identity_of
 from ..package import VerifiedPackage
 from ..runners.base import BackboneRunner, Tree
 from .answers import Answerer, RawRow, RawSpan
@@ -85,20 +86,6 @@ class Vela2Plan:
         return "; ".join(f"{qid}: {error.get('message', error['error'])}" for qid, error in self.request.errors.items())
 
 
-@dataclass(frozen=True)
-class Identity:
-    """What the card and ``meta`` report about the member and its engine."""
-
-    name: str
-    repo: str
-    revision: str
-    model_sha256: str
-    manifest_sha256: str
-    licence: str
-    parameters: int
-    synthetic: bool
-
-
 def head_tensors(package: VerifiedPackage) -> dict[str, np.ndarray]:
     """Every head tensor of a verified package as float32: candidate head, set bias, both span heads."""
     root = package.root
@@ -106,20 +93,6 @@ def head_tensors(package: VerifiedPackage) -> dict[str, np.ndarray]:
     if package.details["broad_head"]:
         heads |= read_tensors([root / "broad_head.safetensors"], ("span_broad.",))
     return heads
-
-
-def identity_of(package: VerifiedPackage) -> Identity:
-    member = package.member
-    return Identity(
-        name=member.name,
-        repo=member.repo,
-        revision=member.revision,
-        model_sha256=package.model_sha256,
-        manifest_sha256=package.details["manifest_sha256"],
-        licence=member.licence,
-        parameters=package.details["parameters"],
-        synthetic=member.synthetic,
-    )
 
 
 class Vela2Model:

@@ -12,10 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
-
 from ..digest import sha256_json
 from ..errors import PackageError
+from ..identity import count_parameters
 from ..package import inside, read_json
 from ..registry import Member, Registry
 
@@ -37,19 +36,6 @@ def shard_names(root: Path) -> list[str]:
         if not isinstance(shard, str) or not inside(root, shard):
             raise PackageError(f"{INDEX_FILE} names {shard!r}, a path outside the package")
     return shards
-
-
-def count_parameters(paths: list[Path]) -> int:
-    """Elements of every tensor in the safetensors files, read from their headers only."""
-    total = 0
-    for path in paths:
-        with safe_open(str(path), framework="numpy") as handle:
-            for name in handle.keys():  # noqa: SIM118 - safe_open is not iterable
-                count = 1
-                for size in handle.get_slice(name).get_shape():
-                    count *= size
-                total += count
-    return total
 
 
 class Vela2Gate:

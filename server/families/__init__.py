@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from s1omni.runtime.api import DecisionModel
 from s1omni.runtime.errors import RequestError
+from s1omni.runtime.families import family
 
 from ..config import ServeConfig
 from ..metrics import Metrics
@@ -52,14 +53,23 @@ class Family(Protocol):
     def models(self, card: dict[str, Any]) -> dict[str, Any]: ...
 
 
+def _vela(config: ServeConfig, metrics: Metrics) -> Family:
+    from .vela import Vela
+
+    return Vela(config)
+
+
+def _omnijev(config: ServeConfig, metrics: Metrics) -> Family:
+    from .omnijev import OmniJev
+
+    return OmniJev(metrics)
+
+
+# Each family's rules under the names of ``s1omni.runtime.families``; each module is imported only
+# when its family is served.
+RULES = {"vela2": _vela, "omnijev": _omnijev}
+
+
 def family_for(name: str, config: ServeConfig, metrics: Metrics) -> Family:
-    """The rules of family ``name``; each module is imported only when its family is served."""
-    if name == "vela2":
-        from .vela import Vela
-
-        return Vela(config)
-    if name == "omnijev":
-        from .omnijev import OmniJev
-
-        return OmniJev(metrics)
-    raise ValueError(f"no server rules for family {name!r}")
+    """The rules of family ``name``; ``UnknownFamily`` (the runtime table's) when there are none."""
+    return RULES[family(name).name](config, metrics)
