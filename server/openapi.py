@@ -21,6 +21,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from s1omni import __version__
+from s1omni.runtime import families
 from s1omni.runtime.errors import ITEM_CODES, REQUEST_STATUS
 
 from . import envelope, wire
@@ -309,15 +310,16 @@ def _omnijev() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     return schemas, {status: _json("Error", why) for status, why in statuses.items()}, {}
 
 
-FAMILIES: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]] = {
+# Each family's part of the document under the names of ``s1omni.runtime.families``.
+DOCUMENTS: dict[str, Callable[[], tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]] = {
     "vela2": _vela,
     "omnijev": _omnijev,
 }
 
 
 def document(family: str, title: str = "s1omni") -> dict[str, Any]:
-    """The OpenAPI 3.1 document of a server of ``family``."""
-    schemas, errors, extra = FAMILIES[family]()
+    """The OpenAPI 3.1 document of a server of ``family``; ``UnknownFamily`` for a name with no face."""
+    schemas, errors, extra = DOCUMENTS[families.family(family).name]()
     decisions = {
         "post": {
             "summary": "Answer the typed questions about a state",

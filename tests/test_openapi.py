@@ -83,6 +83,15 @@ def test_the_documents_are_openapi_3_1_and_the_page_lists_them(family: str) -> N
     assert "GET /v1/models" in rendered and "http" not in rendered.replace("href=/openapi.json", "")  # nothing fetched
 
 
+def test_every_family_has_a_document_and_no_other() -> None:
+    from s1omni.runtime.families import FAMILIES, UnknownFamily
+    from s1omni.server.openapi import DOCUMENTS
+
+    assert set(DOCUMENTS) == set(FAMILIES)
+    with pytest.raises(UnknownFamily, match="'vela3'"):
+        document("vela3")
+
+
 def test_a_broken_document_is_refused() -> None:
     spec = document("vela2")
     del spec["paths"]["/v1/models"]["get"]["responses"]["200"]["description"]
