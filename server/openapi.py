@@ -346,7 +346,10 @@ def document(family: str, title: str = "s1omni") -> dict[str, Any]:
             }
         },
         "/health/live": {
-            "get": {"summary": "Liveness", "responses": {"200": _json("Liveness", "alive"), "503": _json("Liveness", "failed")}}
+            "get": {
+                "summary": "Liveness: 503 once the model failed to load or warm up",
+                "responses": {"200": _json("Liveness", "alive"), "503": _json("Health", "the load failed; the body says why")},
+            }
         },
         "/metrics": {
             "get": {
