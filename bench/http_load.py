@@ -78,7 +78,8 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float, lo
                 response = None
             if response is not None and response.status_code == 200:
                 return
-            if response is not None and response.json().get("status") == "failed":
+            # Only the server's own 503 is JSON (Ray Serve's proxy answers 404 text until the app is deployed).
+            if response is not None and response.status_code == 503 and response.json().get("status") == "failed":
                 raise BenchFailed(f"the server failed its warm-up: {response.json().get('reason')}\n{_log_tail(log)}")
             time.sleep(0.2)
     raise BenchFailed(f"/health was not 200 within {timeout_s:.0f} s:\n{_log_tail(log)}")

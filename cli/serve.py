@@ -7,8 +7,10 @@ from . import add_registry
 
 if TYPE_CHECKING:
     from s1omni.server.config import ServeConfig
+    from s1omni.server.service import ModelSource
 
 HELP = "serve /v1/systemone over HTTP from a member package, an engine, or the embedded demo member"
+RAY_ONLY = ("replicas", "ray_address", "gpus_per_replica", "min_replicas", "max_replicas")
 VELA_ONLY = ("max_queue", "max_queued_tokens", "max_request_bytes", "batch_window_ms", "max_batch_tokens", "max_batch_plans")
 
 
@@ -34,6 +36,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     vela.add_argument("--batch-window-ms", type=float, metavar="MS", help=f"default {limits.batch_window_s * 1e3:g}")
     vela.add_argument("--max-batch-tokens", type=int, metavar="N", help=f"default {limits.max_batch_tokens}")
     vela.add_argument("--max-batch-plans", type=int, metavar="N", help=f"default {limits.max_batch_plans}")
+    ray = parser.add_argument_group("Ray Serve", "one deployment, each replica loads the model once (pip install 's1omni[ray]')")
+    ray.add_argument("--ray", action="store_true", help="serve on Ray Serve, behind its HTTP proxy on --host/--port")
+    ray.add_argument("--replicas", type=int, metavar="N", help="replicas (default 1; the initial count with autoscaling bounds)")
+    ray.add_argument("--ray-address", metavar="ADDR", help="join this cluster (deploy or redeploy, then exit) instead of starting one")
+    ray.add_argument("--gpus-per-replica", type=float, metavar="N", help="GPUs per replica with --device cuda (default 1)")
+    ray.add_argument("--min-replicas", type=int, metavar="N", help="autoscaling lower bound (Ray Serve's autoscaler on queue length)")
+    ray.add_argument("--max-replicas", type=int, metavar="N", help="autoscaling upper bound")
 
 
 def _given_vela_only(args: argparse.Namespace) -> list[str]:
@@ -73,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     path = args.package or args.engine
+    if path is not None and args.ray:
+        path = str(Path(path).absolute())  # each replica loads it in its own process, on its own node
     if path is not None and not Path(path).is_dir():
         raise SystemExit(f"s1omni serve: {path} is not a directory")
     if args.engine and not (Path(args.engine) / "manifest.json").is_file():
@@ -86,5 +97,36 @@ def run(args: argparse.Namespace) -> int:
     given = _given_vela_only(args)
     if source.family != "vela2" and given:
         raise SystemExit(f"s1omni serve: {', '.join(given)} apply to Vela 2.0 members only, not to {source.family}")
+    if args.ray:
+        return _deploy_on_ray(args, _config(args), source)
+    given = [f"--{name.replace('_', '-')}" for name in RAY_ONLY if getattr(args, name) is not None]
+    if given:
+        raise SystemExit(f"s1omni serve: {', '.join(given)} apply with --ray only")
     serve(Service(_config(args), source), args.log_level)
     return 0
+
+
+def _deploy_on_ray(args: argparse.Namespace, config: ServeConfig, source: ModelSource) -> int:
+    try:
+        from s1omni.server.ray_serve import Cluster, DeploymentFailed, deploy
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("ray"):
+            raise
+        raise SystemExit(f"s1omni serve --ray needs Ray Serve: pip install 's1omni[ray]' ({exc})") from None
+    counts = (args.replicas, args.min_replicas, args.max_replicas)
+    if any(count is not None and count < 1 for count in counts) or (args.gpus_per_replica is not None and args.gpus_per_replica <= 0):
+        raise SystemExit("s1omni serve: --replicas, --min-replicas and --max-replicas take a count >= 1, --gpus-per-replica > 0")
+    if args.min_replicas is not None and args.max_replicas is not None and args.min_replicas > args.max_replicas:
+        raise SystemExit("s1omni serve: --min-replicas is above --max-replicas")
+    defaults = Cluster()
+    cluster = Cluster(
+        args.ray_address,
+        defaults.replicas if args.replicas is None else args.replicas,
+        defaults.gpus_per_replica if args.gpus_per_replica is None else args.gpus_per_replica,
+        args.min_replicas,
+        args.max_replicas,
+    )
+    try:
+        return deploy(config, source, cluster, args.device, args.log_level)
+    except DeploymentFailed as exc:
+        raise SystemExit(f"s1omni serve: {exc}") from None

@@ -103,7 +103,7 @@ def create_app(service: Service) -> ASGIApp:
         return _json(service.models())
 
     async def health(request: Request) -> Response:
-        if not service.ready:
+        if not service.healthy:
             request.state.code = "not_ready"
             return _json(service.health(), 503)
         return _json(service.health())

@@ -55,6 +55,9 @@ class Service:
         self._card: dict[str, Any] = {}
         self.inflight = 0  # decisions handlers between their first byte and their answer
         self.draining = False
+        # Why the server is not healthy although its own model is ready, None when nothing keeps it:
+        # a Ray Serve replica speaks for every replica of its deployment (server.ray_serve).
+        self.peers: Callable[[], str | None] = lambda: None
         self.metrics.gauge("s1omni_ready", "1 once the warm-up request was answered.", lambda: float(self.ready))
         self.metrics.gauge("s1omni_requests_in_flight", "Decision requests between arrival and answer.", lambda: self.inflight)
         self.metrics.gauge("s1omni_queue_depth", "Jobs waiting for the model worker.", self._depth)
@@ -66,6 +69,11 @@ class Service:
     @property
     def ready(self) -> bool:
         return self.status == "ready"
+
+    @property
+    def healthy(self) -> bool:
+        """What ``/health`` says: ready, and nothing it speaks for (``peers``) is not."""
+        return self.ready and self.peers() is None
 
     def _set(self, status: str, reason: str | None = None) -> None:
         self.status, self.reason = status, reason
@@ -144,7 +152,10 @@ class Service:
         return self.family.models(self.card())
 
     def health(self) -> dict[str, Any]:
-        return self.family.health(self.status, self.reason, self.model.id if self.model is not None else None)
+        status, reason = self.status, self.reason
+        if self.ready and (waiting := self.peers()) is not None:
+            status, reason = "degraded", waiting
+        return self.family.health(status, reason, self.model.id if self.model is not None else None)
 
     def _depth(self) -> float:
         return float(self.scheduler.depth()) if self.scheduler is not None else 0.0
