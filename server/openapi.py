@@ -84,7 +84,8 @@ def _vela_request() -> dict[str, Any]:
     }
     questions = {
         "type": "object",
-        "description": "Named questions; answers keep this order.",
+        "description": "Named questions (non-blank ids); answers keep this order.",
+        "propertyNames": {"pattern": schema.NON_BLANK},
         "minProperties": 1,
         "additionalProperties": _ref("Question"),
     }

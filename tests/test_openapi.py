@@ -34,6 +34,9 @@ MALFORMED_VELA: list[Any] = [
     {"type": "choice", "instructions": "Which?", "criteria": {"a": None, "b": None}, "choices": [{"key": "a"}]},
     {"type": "noul", "instructions": "Is it?", "criteria": {"maybe": "perhaps"}},
     {"type": "noul", "instructions": "Is it?", "require_full_input": "yes"},
+    {"type": "noul", "instructions": "Is it?", "overflow": "skip"},
+    {"type": "noul", "instructions": "Is it?", "overflow": None},
+    {"type": "noul", "instructions": "Is it?", "overflow": "truncate", "require_full_input": True},
     {"type": "score", "instructions": "How much?", "criteria": ["only one"]},
     {"type": "score", "instructions": "How much?", "criteria": {"low": None, "high": None}},
     {"type": "score", "instructions": "How much?", "levels": [str(level) for level in range(11)]},
@@ -133,10 +136,10 @@ def test_a_malformed_vela_question_is_refused_by_schema_and_server(tiny_model: A
 
 def test_a_field_of_another_kind_is_refused_with_the_fields_the_kind_takes(tiny_model: Any) -> None:
     message = vela_refusals(tiny_model, {"type": "choice", "instructions": "Which?", "options": [{"key": "a"}, {"key": "b"}]})
-    takes = "a choice question takes criteria (or choices), instructions, over, require_full_input"
+    takes = "a choice question takes criteria (or choices), instructions, over, overflow, require_full_input"
     assert message == f"choice questions do not take ['options']: {takes}"
     message = vela_refusals(tiny_model, {"type": "score", "instructions": "How much?", "labels": ["a", "b"]})
-    assert message is not None and message.endswith("takes criteria (or levels), instructions, over, require_full_input")
+    assert message is not None and message.endswith("takes criteria (or levels), instructions, over, overflow, require_full_input")
 
 
 def test_malformed_envelopes_are_refused() -> None:
@@ -154,6 +157,7 @@ def test_malformed_envelopes_are_refused() -> None:
         {**good, "states": {"other": {"state": "x"}}},
         {**good, "state": "   "},
         {**good, "questions": {}},
+        {**good, "questions": {" ": vela_schema.EXAMPLES["noul"]}},
     ):
         assert not request.is_valid(bad), bad
 

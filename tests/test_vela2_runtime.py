@@ -142,7 +142,8 @@ def test_per_question_errors_are_answered_in_place(tiny_model) -> None:
     assert answers["blank"] == {"type": "noul", "error": "invalid_question", "message": "instructions must not be empty or whitespace"}
     assert answers["few"]["error"] == "invalid_question" and "2 to 255" in answers["few"]["message"]
     assert answers["odd"]["message"] == (
-        "set questions do not take ['colour']: a set question takes criteria (or labels), instructions, over, require_full_input, threshold"
+        "set questions do not take ['colour']: "
+        "a set question takes criteria (or labels), instructions, over, overflow, require_full_input, threshold"
     )
     assert answers["t"]["message"] == "threshold must be a number in [0, 1]"
     assert answers["broad"]["error"] == "invalid_question"
@@ -192,6 +193,8 @@ def test_rows_that_cannot_fit_fail_with_max_length_exceeded(tmp_path: Path) -> N
                 "first": {"type": "span", "instructions": "Mark", "over": "request", "criteria": {"n": None}},
                 "second": {"type": "span", "instructions": "Mark", "over": "request", "criteria": {"n": None}},
             },
+            # Past the default budget of four 320-token inputs the context would not be read at all.
+            "options": {"max_tokens": 1 << 20},
         }
     )
     # Row 1 holds every non-span question and the first span; each further span has its own row.

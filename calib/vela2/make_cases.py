@@ -1,7 +1,8 @@
 """Write ``calib/vela2/cases.json``: the validation and benchmark requests for the Vela 2.0 decoders.
 
 Run ``python calib/vela2/make_cases.py``; the file is generated, never edited by hand. The cases
-cover all five kinds, the presets, windowed long spans, CJK and emoji, thresholds at the edges,
+cover all five kinds, the presets, windowed long spans, the PII sparse gate on both sides of its K,
+CJK and emoji, thresholds at the edges,
 255 options and 255 labels, every state form, and the router-signal workload of the benchmarks.
 """
 
@@ -98,6 +99,11 @@ def cases() -> list[dict[str, Any]]:
     add("span-halu-preset", GOLDEN_STATE, {"halu": {"preset": "halu"}})
     add("span-pii-preset-short", "My name is Anna Müller and I am 23.", {"pii": {"preset": "pii"}})
     add("span-pii-labels", PROSE, {"p": {"type": "span", "instructions": "Mark personal data.", "criteria": {"PERSON": None, "EMAIL_ADDRESS": None}}})
+    # The PII sparse-document gate on either side of its K = 3 (tiny member, seed 0): both parts are
+    # long enough for a length-rule threshold below t_sparse; at the 0.5 probe the first decodes
+    # exactly K spans (the gate raises the threshold to t_sparse), the second K + 1 (it does not).
+    add("span-pii-sparse-gate-at-k", "zzz zzz zzz " * 36, {"pii": {"preset": "pii"}})
+    add("span-pii-sparse-gate-over-k", "zzz zzz zzz " * 44, {"pii": {"preset": "pii"}})
     add("span-threshold-zero", "Alice met Bob.", {"s": {"type": "span", "instructions": "Names?", "criteria": {"n": None}, "threshold": 0}})
     add("span-threshold-one", "Alice met Bob.", {"s": {"type": "span", "instructions": "Names?", "criteria": {"n": None}, "threshold": 1}})
     add("span-over-shared-key", {"notes": "Call Jane at 555-0100.", "history": "Ask Bob about jane@example.com"},

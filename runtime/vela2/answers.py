@@ -7,6 +7,10 @@ optionally recalibrated. Score: expectation and variance confidence (exact sums)
 sigmoid per label against the threshold, plus a Noul per label. Span: decoded spans and a Noul that
 is the highest word probability inside the field read
 (vllm-project/semantic-router:src/model-runtime/vllm_srun/families/vela2/answers.py; vela2-decoder.md §3.4–§3.7).
+
+Score levels are read by position (their texts may repeat). A question that required its full input
+answers with ``input_coverage: "complete"`` (a set in ``sets.<id>`` and every label answer too;
+wire-contract.md §3.3). An ``invalid_model_output`` message names the question and what was wrong.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from ..errors import INVALID_MODEL_OUTPUT, item_error
 from .calibration import Calibration, sigmoid, softmax
 from .request import Question, State
 from .words import decode_spans, trim
+
+NOUL_YES = 1  # Noul's options are (no, yes)
+COMPLETE = "complete"  # ``input_coverage`` of a question that required its full input
 
 
 @dataclass
@@ -50,7 +57,13 @@ class Answerer:
     report_heads: bool = False
 
     def answer(self, question: Question, raw: RawRow, state: State, response: dict[str, Any]) -> None:
-        """Write one question's answer (and its span or set entries) into ``response``."""
+        """Write one question's answer (and its span or set entries) into ``response``; a question
+        that asked for its full input says it was read whole (``input_coverage``)."""
+        missing = raw.span is None if question.type == "span" else question.id not in raw.logits
+        if missing:
+            message = f"question {question.id!r}: the model returned no {question.type} output for it"
+            response["answers"][question.id] = item_error(question.kind, INVALID_MODEL_OUTPUT, message)
+            return
         try:
             if question.type == "span":
                 self._span(question, raw, state, response)
@@ -59,20 +72,36 @@ class Answerer:
             else:
                 response["answers"][question.id] = self._single(question, raw.logits[question.id])
         except (KeyError, ValueError, FloatingPointError) as exc:
-            response["answers"][question.id] = item_error(question.kind, INVALID_MODEL_OUTPUT, str(exc))
+            reason = f"answering it needs {exc.args[0]!r}, which the package calibration lacks" if isinstance(exc, KeyError) else exc
+            message = f"question {question.id!r}: {reason}"
+            response["answers"][question.id] = item_error(question.kind, INVALID_MODEL_OUTPUT, message)
+            return
+        if question.require_full_input:
+            for entry in self._written(question, response):
+                entry["input_coverage"] = COMPLETE
+
+    @staticmethod
+    def _written(question: Question, response: dict[str, Any]) -> list[dict[str, Any]]:
+        """The objects one answered question wrote: its answer, or a set's entry and label answers."""
+        if question.type != "set":
+            return [response["answers"][question.id]]
+        labels = [response["answers"][f"{question.id}.{name}"] for name in question.names]
+        return [response["sets"][question.id], *labels]
 
     def _single(self, question: Question, values: np.ndarray) -> dict[str, Any]:
         logits = np.asarray(values, np.float64)
         names = question.names
         count = len(names)
         if not np.all(np.isfinite(logits[:count])):
-            raise ValueError("the option logits are not finite")
+            raise ValueError(f"its {count} {question.kind} option logits are not all finite")
         temperature = self.calibration.temperature(question.type)
-        probabilities = dict(zip(names, (float(p) for p in softmax(logits[:count] / temperature)), strict=True))
+        # Read by position: score level texts may repeat, so names would merge levels.
+        levels = [float(p) for p in softmax(logits[:count] / temperature)]
         if question.kind == "noul":
-            return {"type": "noul", "noul": self.calibration.noul(probabilities["yes"], self.noul_calibration)}
+            return {"type": "noul", "noul": self.calibration.noul(levels[NOUL_YES], self.noul_calibration)}
         if question.kind == "choice":
-            ranked = sorted(probabilities.values(), reverse=True)
+            probabilities = dict(zip(names, levels, strict=True))
+            ranked = sorted(levels, reverse=True)
             margin = 1.0 if count == 1 else min(1.0, max(0.0, ranked[0] - ranked[1]))
             return {
                 "type": "choice",
@@ -81,7 +110,6 @@ class Answerer:
                 "probabilities": probabilities,
                 "abstain_probability": float(softmax(logits / temperature)[-1]),
             }
-        levels = list(probabilities.values())
         mean = math.fsum(index * p for index, p in enumerate(levels))
         variance = math.fsum(p * (index - mean) ** 2 for index, p in enumerate(levels))
         return {
@@ -99,7 +127,7 @@ class Answerer:
         names = question.names
         logits = np.asarray(values, np.float64)[: len(names)]
         if not np.all(np.isfinite(logits)):
-            raise ValueError("the set logits are not finite")
+            raise ValueError(f"its {len(names)} set label logits are not all finite")
         threshold = question.threshold if question.threshold is not None else self.calibration.set_threshold(question.key)
         probabilities = dict(zip(names, (float(p) for p in sigmoid(logits / self.calibration.temperature("set"))), strict=True))
         response.setdefault("sets", {})[question.id] = {
@@ -112,8 +140,7 @@ class Answerer:
 
     def _span(self, question: Question, raw: RawRow, state: State, response: dict[str, Any]) -> None:
         span = raw.span
-        if span is None:
-            raise KeyError(question.id)
+        assert span is not None  # ``answer`` checked
         role: str = question.over  # type: ignore[assignment]
         text = state.text(role)
         if question.threshold is not None:
@@ -122,7 +149,7 @@ class Answerer:
             threshold, rule = self.calibration.span_threshold(question.key, span.labels, raw.tokens[role], span.head)
         probabilities = sigmoid(span.logits / self.calibration.span_temperature(span.head))
         if not np.all(np.isfinite(probabilities)):
-            raise ValueError("the span logits are not finite")
+            raise ValueError("its span word probabilities are not all finite")
         has_words = len(span.offsets) > 0
         if rule.startswith("pii:"):
             threshold, rule = self.calibration.sparse_gate(probabilities, span.offsets, span.labels, text, threshold, rule)

@@ -5,7 +5,7 @@ Score or Set block is a head, one canonical-JSON option block per option (abstai
 and Noul) and a suffix; it is read at each option's last token against its last token. A Span
 block lists its labels the same way and repeats a target of at most 2,048 tokens, whose words it
 reads; a longer target is read in windows of at most 1,800 tokens (stride 1,536, at word starts),
-each its own tree. Every piece is tokenized on its own and the ids are concatenated. Rows that do
+each its own tree, and its span block stays in the row's tree, run but unread (§2.6). Every piece is tokenized on its own and the ids are concatenated. Rows that do
 not fit are truncated in the packages' order
 (vllm-project/semantic-router:src/model-runtime/vllm_srun/families/vela2/{decoder_layout,layout}.py;
 vela2-decoder.md §2, §4).
@@ -81,18 +81,34 @@ class Tokens:
 
 @dataclass(frozen=True)
 class EncodedPart:
-    """A part's ids; offsets and words only where a span question reads it."""
+    """A part's ids; offsets and words only where a span question reads it. ``whole`` is the whole
+    part's token count where ``ids`` are only its first tokens (``cut``)."""
 
     role: str
     ids: np.ndarray
     offsets: np.ndarray | None = None
     words: Words | None = None
+    whole: int | None = None
+
+    @property
+    def length(self) -> int:
+        """Tokens of the whole part (the PII length rule reads them), cut or not."""
+        return len(self.ids) if self.whole is None else self.whole
 
     def window(self, start: int, end: int) -> EncodedPart:
         """Tokens ``[start, end)``, with the words whose first token lies inside, re-based."""
         assert self.words is not None and self.offsets is not None
         words, _ = window_words(self.words, start, end)
         return EncodedPart(self.role, self.ids[start:end], self.offsets[start:end], words)
+
+    def cut(self, length: int) -> EncodedPart:
+        """The part's first ``length`` tokens, with the words they start (``overflow: truncate``)."""
+        if len(self.ids) <= length:
+            return self
+        if self.words is None or self.offsets is None:
+            return EncodedPart(self.role, self.ids[:length], whole=self.length)
+        words, _ = window_words(self.words, 0, length)
+        return EncodedPart(self.role, self.ids[:length], self.offsets[:length], words, self.length)
 
 
 @dataclass
@@ -197,6 +213,7 @@ class RenderedBlock:
     word_offsets: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int32))
     word_index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     alias: dict[str, str] | None = None
+    read: bool = True  # False for a span block that windows replace: it runs, and nothing is read
 
     @property
     def is_span(self) -> bool:
@@ -204,7 +221,9 @@ class RenderedBlock:
 
     def readouts(self) -> np.ndarray:
         """Positions whose hidden states the heads need: every label token then the words (span),
-        or the option endpoints then the query (the block's last token)."""
+        or the option endpoints then the query (the block's last token); none for an unread block."""
+        if not self.read:
+            return np.zeros(0, np.int64)
         if self.is_span:
             labels = [np.arange(s, e + 1) for s, e in zip(self.starts, self.ends, strict=True)]
             return np.concatenate([*labels, self.words]).astype(np.int64)
@@ -259,10 +278,11 @@ class DecoderLayout:
         if target is None or len(target.ids) <= self.repeat_limit:
             plan.trees.append((prefix, blocks))
             return plan
-        assert route is not None and target.words is not None
-        # The span block that windows replace is counted in usage but never read, so it is not run.
-        if plan.blocks:
-            plan.trees.append((prefix, plan.blocks))
+        assert route is not None and target.words is not None and span_block is not None
+        # The span block that windows replace stays in the row's tree and runs unread, as the
+        # packages render it (§2.6): the row's trees, and so the batches and their widths, match.
+        span_block.read = False
+        plan.trees.append((prefix, [*plan.blocks, span_block]))
         position = row.parts.index(target)
         windows = word_windows(target.words.first, len(target.ids), self.window, self.stride)
         covered = np.zeros(len(target.words), bool)

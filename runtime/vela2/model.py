@@ -3,6 +3,10 @@
 The same class serves the torch reference (from a verified package) and every engine (from an
 engine directory): only the runner differs. Heads run on the CPU in float32 on the hidden states
 the runner returns at the readout positions.
+
+Every request has a scan budget: ``options.max_tokens``, else ``limits.max_scan_tokens`` (four
+inputs on a CPU, 32 on a GPU). A question reading a part past it fails with
+``scan_budget_exceeded`` unless it truncates (``overflow: truncate``), reading the first tokens.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from .layout import DecoderLayout, EncodedPart, RenderedBlock, Row, RowTrees, Sc
 from .request import MAX_LABELS, MAX_LEVELS, MAX_OPTIONS, MIN_LEVELS, MIN_OPTIONS, QUESTION_TYPES, QuestionReader, ReadRequest
 
 UNCOVERED_LOGIT = -30.0
+# The default scan budget (``limits.max_scan_tokens``) in member inputs: four on a CPU, 32 on a GPU
+# (vela2-decoder.md §4.4, wire-contract.md §5); ``options.max_tokens`` replaces it per request.
+CPU_SCAN_INPUTS, GPU_SCAN_INPUTS = 4, 32
 HEAD_PREFIXES = ("head.", "set_bias", "span2.")
 # The readiness request of the reference family (vllm_srun/families/vela2/family.py GOLDEN_*).
 GOLDEN_REQUEST = {
@@ -130,6 +137,11 @@ class Vela2Model:
         self.reader = QuestionReader(self.calibration, broad_head=BROAD in self.spans)
         self.layout = DecoderLayout(config, Dispatcher(self.calibration, BROAD in self.spans), self.tokens)
         enabled = self.calibration.noul_default() if noul_calibration is None else noul_calibration
+        self.max_input_tokens = int(config["max_length"])
+        scan_inputs = CPU_SCAN_INPUTS if self.device == "cpu" else GPU_SCAN_INPUTS
+        self.max_scan_tokens = scan_inputs * self.max_input_tokens
+        # What ``overflow: truncate`` reads of a part: one input on a CPU, the scan budget on a GPU.
+        self.truncate_tokens = self.max_input_tokens if self.device == "cpu" else self.max_scan_tokens
         self.answerer = Answerer(self.calibration, noul_calibration=enabled, report_heads=BROAD in self.spans)
 
     @classmethod
@@ -159,7 +171,8 @@ class Vela2Model:
             "surfaces": ["decisions"],
             "question_types": list(QUESTION_TYPES),
             "limits": {
-                "max_input_tokens": int(self.config["max_length"]),
+                "max_input_tokens": self.max_input_tokens,
+                "max_scan_tokens": self.max_scan_tokens,
                 "min_options": MIN_OPTIONS,
                 "max_options": MAX_OPTIONS,
                 "min_levels": MIN_LEVELS,
@@ -207,13 +220,10 @@ class Vela2Model:
             raise RequestError("invalid_request", str(exc)) from exc
         if require_valid and not request.questions:
             raise RequestError("invalid_request", f"no question is valid ({Vela2Plan(request, []).reasons()})")
-        questions_kept = list(request.questions)
-        parts = self.layout.encode(request, questions_kept)
-        budget = (body.get("options") or {}).get("max_tokens")
-        if budget is not None:
-            questions_kept = self._scan_budget(request, questions_kept, parts, int(budget))
+        budget = (body.get("options") or {}).get("max_tokens") or self.max_scan_tokens
+        parts = self.layout.encode(request, request.questions)
         plan = Vela2Plan(request, [])
-        for row in self.layout.rows(questions_kept, parts):
+        for row in self._rows(request, parts, int(budget)):
             try:
                 trees = self.layout.trees(row)
             except SchemaTooLong:
@@ -224,17 +234,23 @@ class Vela2Model:
             plan.trees += [(runner_tree(prefix, blocks), blocks) for prefix, blocks in trees.trees]
         return plan
 
-    @staticmethod
-    def _scan_budget(request: ReadRequest, questions: list, parts: list[EncodedPart], budget: int) -> list:
-        """Questions that read a part longer than ``options.max_tokens`` fail with scan_budget_exceeded."""
+    def _rows(self, request: ReadRequest, parts: list[EncodedPart], budget: int) -> list[Row]:
+        """The rows of the questions the scan budget lets through. A question that reads a part longer
+        than the budget fails with ``scan_budget_exceeded`` (one that requires its full input, when
+        any part is), unless it truncates: it then reads the first tokens of every part, up to the
+        budget and ``truncate_tokens``, in rows of its own where that cut anything."""
         over = {part.role for part in parts if len(part.ids) > budget}
-        kept = []
-        for question in questions:
-            if over.intersection(question.roles):
+        readable = []
+        for question in request.questions:
+            if not question.truncate and (over.intersection(question.roles) or (question.require_full_input and over)):
                 request.errors[question.id] = item_error(question.kind, SCAN_BUDGET_EXCEEDED)
             else:
-                kept.append(question)
-        return kept
+                readable.append(question)
+        cut = [part.cut(min(budget, self.truncate_tokens)) for part in parts]
+        if all(short is part for short, part in zip(cut, parts, strict=True)):
+            return self.layout.rows(readable, parts)
+        whole = [question for question in readable if not question.truncate]
+        return self.layout.rows(whole, parts) + self.layout.rows([q for q in readable if q.truncate], cut)
 
     # -- execute ---------------------------------------------------------------------------------
 
@@ -251,7 +267,8 @@ class Vela2Model:
             outputs: dict[int, np.ndarray] = {}
             for _, blocks in plan.trees:
                 for block, rows in zip(blocks, next(trees), strict=True):
-                    outputs[id(block)] = self._read(block, rows)
+                    if block.read:
+                        outputs[id(block)] = self._read(block, rows)
             results.append(outputs)
         return results
 
@@ -297,7 +314,7 @@ class Vela2Model:
 
     @staticmethod
     def _combine(trees: RowTrees, outputs: dict[int, np.ndarray]) -> RawRow:
-        raw = RawRow(tokens={part.role: len(part.ids) for part in trees.row.parts}, input_tokens=trees.tokens)
+        raw = RawRow(tokens={part.role: part.length for part in trees.row.parts}, input_tokens=trees.tokens)
         for block in trees.blocks:
             raw.logits[block.question.id] = outputs[id(block)]
         span = trees.span

@@ -6,6 +6,11 @@ Noul show the abstain option; Noul is the two options ``no``/``yes``; Score leve
 empty descriptions (the ``relevance`` preset names them); Set and Span take 1 to 255 labels
 (vllm-project/semantic-router:src/model-runtime/vllm_srun/families/vela2/request.py and
 vllm_srun/systemone.py; wire-contract.md §3–§4).
+
+Any question may carry ``require_full_input`` and ``overflow`` (``window``, the default, or
+``truncate``; not both ``truncate`` and a required full input). Request-level refusals
+(``invalid_request``): a blank or whitespace-only question id, and two sets whose label answers
+``<id>.<label>`` would land on one ``answers`` key.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..digest import canonical_json
-from ..errors import INVALID_QUESTION, QuestionError, item_error
+from ..errors import INVALID_QUESTION, QuestionError, RequestError, item_error
 from .calibration import BROAD, SPAN_HEADS, Calibration
 
 ROLES = ("user", "context", "answer")
@@ -39,8 +44,11 @@ FIELDS = {
 }
 # Each kind's ordered alternative to a criteria object or list (the Router config's form).
 LISTED = {"choice": "choices", "noul": "choices", "score": "levels", "set": "labels", "span": "labels"}
-FAMILY_FIELDS = {"over", "preset"}
-PRESET_FIELDS = {"preset", "type", "over", "threshold"}
+FAMILY_FIELDS = {"over", "preset", "overflow"}
+PRESET_FIELDS = {"preset", "type", "over", "threshold", "overflow"}
+# How a question reads a part longer than the scan budget: in windows up to the budget (``window``,
+# the default) or as the part's first tokens only (``truncate``).
+OVERFLOW = ("window", "truncate")
 PRESETS = ("pii", "halu", "relevance")
 NOUL_OPTIONS = (
     ("no", "false", "No. The statement or question is not satisfied."),
@@ -109,6 +117,7 @@ class Question:
     head: str | None = None
     span_range: tuple[int, int] | None = None
     require_full_input: bool = False
+    truncate: bool = False
 
     @property
     def names(self) -> list[str]:
@@ -275,6 +284,10 @@ class QuestionReader:
         self.presets = tuple(name for name in PRESETS if calibration.schema(name))
 
     def read(self, state: Any, questions: dict[str, Any]) -> ReadRequest:
+        """The state and questions; ``ValueError`` for a bad state, ``RequestError`` for a blank
+        question id or two sets whose label answers would share one ``answers`` key."""
+        if any(not question_id.strip() for question_id in questions):
+            raise RequestError("invalid_request", "question ids must not be empty or whitespace")
         request = ReadRequest(read_state(state), list(questions))
         for question_id, question in questions.items():
             try:
@@ -289,6 +302,7 @@ class QuestionReader:
                 request.errors[question.id] = item_error(
                     "set", INVALID_QUESTION, f"a label answer {question.id}.<label> is another question's id"
                 )
+        _refuse_colliding_label_answers(request.questions)
         return request
 
     def question(self, question_id: str, question: Any, state: State) -> Question:
@@ -307,6 +321,11 @@ class QuestionReader:
         full_input = question.get("require_full_input", False)
         if not isinstance(full_input, bool):
             raise _invalid("require_full_input must be a boolean")
+        overflow = question.get("overflow", OVERFLOW[0])
+        if not isinstance(overflow, str) or overflow not in OVERFLOW:
+            raise _invalid(f"overflow must be one of {list(OVERFLOW)}")
+        if full_input and overflow == "truncate":
+            raise _invalid("require_full_input cannot be combined with overflow: truncate")
         if "instructions" not in question:
             raise _invalid("instructions is required")
         instructions = content(question["instructions"], "instructions")
@@ -342,6 +361,7 @@ class QuestionReader:
             head=head,
             span_range=span_range,
             require_full_input=full_input,
+            truncate=overflow == "truncate",
         )
 
     @staticmethod
@@ -381,7 +401,7 @@ class QuestionReader:
         if name not in self.presets:
             raise _invalid(f"preset must be one of {list(self.presets)}")
         if set(question) - PRESET_FIELDS:
-            raise _invalid("a preset question takes only preset, type, over and threshold")
+            raise _invalid("a preset question takes only preset, type, over, threshold and overflow")
         schema = self.calibration.schema(name) or {}
         level_names = None
         if name == "relevance":
@@ -391,8 +411,27 @@ class QuestionReader:
             expanded = {"type": "span", "instructions": schema["text"], "criteria": dict(schema["labels"])}
         if question.get("type") not in (None, expanded["type"]):
             raise _invalid(f"preset {name} is a {expanded['type']} question")
-        kept = {key: question[key] for key in ("over", "threshold") if key in question}
+        kept = {key: question[key] for key in ("over", "threshold", "overflow") if key in question}
         return {**expanded, **kept, "preset": name}, level_names
+
+
+def _refuse_colliding_label_answers(questions: list[Question]) -> None:
+    """Two sets whose label answers land on one flat key (set ``a`` label ``b.c`` and set ``a.b``
+    label ``c`` both write ``answers["a.b.c"]``) would lose one in silence: the request is refused."""
+    writers: dict[str, tuple[str, str]] = {}
+    for question in questions:
+        if question.kind != "set":
+            continue
+        for label in question.names:
+            key = f"{question.id}.{label}"
+            if key in writers:
+                other, other_label = writers[key]
+                raise RequestError(
+                    "invalid_request",
+                    f"set {other!r} (label {other_label!r}) and set {question.id!r} (label {label!r}) "
+                    f"would both answer answers[{key!r}]",
+                )
+            writers[key] = (question.id, label)
 
 
 def rendered_as(question: Question, options: tuple[tuple[str, str], ...]) -> Question:

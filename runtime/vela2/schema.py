@@ -22,6 +22,7 @@ from .request import (
     MAX_OPTIONS,
     MIN_LEVELS,
     MIN_OPTIONS,
+    OVERFLOW,
     PRESET_FIELDS,
     PRESETS,
     QUESTION_TYPES,
@@ -40,6 +41,21 @@ OVER = {
         "state order. Default: the whole state; for a span, the answer if present, else the user part."
     ),
     "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1}, {"type": "null"}],
+}
+OVERFLOW_SHAPE = {
+    "enum": list(OVERFLOW),
+    "default": OVERFLOW[0],
+    "description": (
+        "How a part longer than the scan budget is read: `window` (whole, in windows; past the budget "
+        "scan_budget_exceeded) or `truncate` (its first tokens only; not with require_full_input)."
+    ),
+}
+# ``truncate`` reads part of the input, which a required full input refuses.
+FULL_AND_TRUNCATED = {
+    "not": {
+        "required": ["require_full_input", "overflow"],
+        "properties": {"require_full_input": {"const": True}, "overflow": {"const": "truncate"}},
+    }
 }
 THRESHOLD = {
     "description": "The decision threshold of each label (default: the package's); the one applied is in `thresholds`.",
@@ -144,6 +160,7 @@ def question_schema(kind: str) -> dict[str, Any]:
             "anyOf": [{"enum": list(SPAN_HEADS)}, {"type": "null"}],
         },
         "preset": {"type": "null"},
+        "overflow": OVERFLOW_SHAPE,
     }
     names = FIELDS[kind] | FAMILY_FIELDS
     unknown = names - set(shapes)
@@ -155,7 +172,7 @@ def question_schema(kind: str) -> dict[str, Any]:
         "required": ["type", "instructions"],
         "properties": {name: shape for name, shape in shapes.items() if name in names},
         "additionalProperties": False,
-        "allOf": _required_options(kind),
+        "allOf": [*_required_options(kind), FULL_AND_TRUNCATED],
         "examples": [EXAMPLES[kind]],
     }
 
@@ -167,6 +184,7 @@ def preset_schema() -> dict[str, Any]:
         "type": {"enum": ["score", "span"]},
         "over": OVER,
         "threshold": THRESHOLD,
+        "overflow": OVERFLOW_SHAPE,
     }
     assert set(shapes) == PRESET_FIELDS
     return {
