@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .onnx_export import ALIGNMENT
+from .graph_weights import ALIGNMENT
 
 BF16_FILE = "weights.bf16.data"
 

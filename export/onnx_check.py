@@ -35,6 +35,7 @@ class _Expected:
     """The untouched model's outputs for one prefix and the block after it."""
 
     ids: np.ndarray
+    embeds: np.ndarray  # the prefix tokens' own embeddings: what the reference runner's prefill looks up
     block_ids: np.ndarray
     hidden: np.ndarray  # the prefix's hidden states
     state: dict[str, np.ndarray]  # every state tensor after the prefix, as the graphs hold it
@@ -52,7 +53,9 @@ def _reference_outputs(model: nn.Module, lengths: tuple[int, int]) -> list[_Expe
         cache = reference.prefill(Prefix(ids))
         state = {name: np.array(_cached(cache, name)) for name in names}  # copies, taken before the cache is continued
         continued = reference.continue_blocks(cache, Prefix(ids), [Block(block_ids, np.arange(block_length))])[0]
-        out.append(_Expected(ids, block_ids, reference.forward(ids), state, continued))
+        with torch.no_grad():
+            embeds = model.embed_tokens(torch.as_tensor(ids)[None]).numpy()
+        out.append(_Expected(ids, embeds, block_ids, reference.forward(ids), state, continued))
     return out
 
 
@@ -60,26 +63,27 @@ def check_graphs(
     model: nn.Module, directory: Path, variants: Mapping[str, Mapping[str, str]], lengths: tuple[int, int] = LENGTHS
 ) -> dict[str, dict[str, float]]:
     """Per variant, the largest relative difference per output kind over prefix/block lengths ``lengths``
-    and reversed; the reference runs once for all of them.
+    and reversed; the reference runs once for all of them, before any graph's session opens.
 
     ``variants`` names each variant's two graphs in ``directory`` (``{"fused": {"prefill": ...,
-    "continue": ...}}``). One graph's session is open at a time: a 9B member's float32 weights are
-    32 GB per session.
+    "continue": ...}}``). One graph's session is open at a time, and none beside the reference (a
+    9B member's float32 weights are 32 GB each), unless the caller keeps ``model``.
     """
     expected = _reference_outputs(model, lengths)
-    return {variant: _check(model, directory, files, expected) for variant, files in variants.items()}
+    del model  # the caller's last reference, where it passed one it does not keep
+    return {variant: _check(directory, files, expected) for variant, files in variants.items()}
 
 
-def _check(model: nn.Module, directory: Path, files: Mapping[str, str], expected: list[_Expected]) -> dict[str, float]:
+def _check(directory: Path, files: Mapping[str, str], expected: list[_Expected]) -> dict[str, float]:
     found: list[dict[str, float]] = [{} for _ in expected]
     states = []
     prefill = _session(directory / files["prefill"])
     embeds = prefill.get_inputs()[0].name == "inputs_embeds"
     for case, row in zip(expected, found, strict=True):
         feeds = _feeds(case.ids, 0, "attention_mask")
-        if embeds:  # the tokens' own embeddings: what the reference runner's prefill looks up
-            with torch.no_grad():
-                feeds["inputs_embeds"] = model.embed_tokens(torch.as_tensor(feeds.pop("input_ids"))).numpy()
+        if embeds:
+            del feeds["input_ids"]
+            feeds["inputs_embeds"] = case.embeds
         hidden, *state = prefill.run(None, feeds)
         states.append(state)
         row["prefill.hidden"] = _relative(hidden[0], case.hidden)
@@ -102,7 +106,11 @@ def _check(model: nn.Module, directory: Path, files: Mapping[str, str], expected
 
 
 def _session(path: Path) -> onnxruntime.InferenceSession:
-    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = onnxruntime.SessionOptions()
+    # The weights as ONNX Runtime maps them from weights.data, not a second, pre-packed copy: a check runs
+    # each graph twice, and the pre-packed copy would put the member's weights in memory twice over.
+    options.add_session_config_entry("session.disable_prepacking", "1")
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def _feeds(ids: np.ndarray, start: int, mask_name: str) -> dict[str, np.ndarray]:

@@ -16,43 +16,58 @@ writer would re-implement every module by hand. ``torch.export`` runs with its s
 enforced, so a guard that holds only for some lengths fails the export; ``torch.onnx.export``'s
 own capture would instead narrow the dynamic axes silently (to lengths 64k + 6, say).
 
+The graph depends on the member's config, not on its weight values, so each graph is traced from
+a model on the ``meta`` device: no copy of the weights is made while tracing, and the graphs
+(prefill and continue, per recurrence) are traced side by side in worker processes, one per CPU
+core. The weights the optimiser folds by value (small ones) go to the trace; every larger weight
+is a placeholder there (``s1omni.export.graph_weights``), and the placeholders are filled from
+the package's safetensors afterwards, one tensor at a time. The graphs are those a trace of the
+loaded model gives, node for node and byte for byte (``tests/test_onnx_export.py``).
+
 Members whose weights exceed ``EXTERNAL_DATA_BYTES`` keep them in ``weights.data``, written once
-for both graphs (the two traces fold the same weights into the same constants). Every export is
-checked before it is kept (``s1omni.export.onnx_check``).
+for both graphs. Every export is checked before it is kept (``s1omni.export.onnx_check``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
+import multiprocessing
+import os
 import shutil
 import sys
+import tempfile
 import time
 import warnings
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 import torch
-from onnxscript import opset18 as op
 from onnx.defs import OpSchema
+from onnxscript import opset18 as op
+from onnxscript.optimizer._constant_folding import FOLDED_FROM_KEY
 from onnxscript.values import Op, Opset
 from torch import nn
 
-from s1omni.runtime.runners.torch_runner import load_backbone
+from s1omni.runtime.runners.torch_runner import BACKBONE_PREFIX, eager_config, empty_backbone
 from s1omni.runtime.staging import staged_directory
 from s1omni.runtime.vela2.package import shard_names
 
+from .graph_weights import PLACEHOLDER, WEIGHTS_FILE, Binding, ModuleTensors, PackageTensors, SharedWeights, TensorSource, bind_weights, foldable
 from .onnx_check import LENGTHS, check_graphs
 from .patches import RECURRENCES, ContinueForward, PrefillForward, explicit_state_forward, state_names
 
 OPSET = 18  # Scan, Trilu, CumSum and Softplus are all there; TensorRT 10 parses it
 EXTERNAL_DATA_BYTES = 1_500_000_000  # weights above this go to weights.data (protobuf stops at 2 GiB)
-WEIGHTS_FILE = "weights.data"
-EXTERNAL_MIN_BYTES = 1024  # smaller constants stay in the graphs
-ALIGNMENT = 65536  # large tensors start at offsets ONNX Runtime can memory-map on any page size
+GRAPHS = ("prefill", "continue")
 EXAMPLE_LENGTH = 70  # crosses a chunk boundary; any length traces the same graph
 PREFILL_INPUTS = ["input_ids", "position_ids", "attention_mask", "readout_index"]
 # Vision members' prefill: token embeddings with the image features in place (the runner looks them up).
@@ -126,10 +141,24 @@ def move_into(directory: Path, target: Path) -> None:
     directory.rmdir()
 
 
-def load_package_backbone(package_dir: Path) -> nn.Module:
-    """The backbone of a Vela 2.0 decoder package in float32, loaded as the torch reference loads it."""
+def package_backbone(package_dir: Path) -> tuple[Any, PackageTensors]:
+    """The config of a Vela 2.0 decoder package's backbone and its weights, not read yet."""
     config = json.loads((package_dir / "config.json").read_text(encoding="utf-8"))
-    return load_backbone(config["backbone_config"], [package_dir / name for name in shard_names(package_dir)])
+    shards = [package_dir / name for name in shard_names(package_dir)]
+    return eager_config(config["backbone_config"]), PackageTensors(shards, BACKBONE_PREFIX)
+
+
+def loaded_backbone(config: Any, source: TensorSource) -> nn.Module:
+    """The model the torch reference loads (float32, every weight strictly), converted one tensor at a time:
+    the member's weights are in memory once, never beside a second copy of them."""
+    model = empty_backbone(config)
+    model.load_state_dict({name: torch.from_numpy(source.read(name)) for name in source.shapes()}, strict=True, assign=True)
+    return model
+
+
+def load_package_backbone(package_dir: Path) -> nn.Module:
+    """The backbone of a Vela 2.0 decoder package in float32, as the torch reference loads it."""
+    return loaded_backbone(*package_backbone(package_dir))
 
 
 def _dims() -> dict[str, torch.export.Dim]:
@@ -182,10 +211,55 @@ def continue_example(model: nn.Module, length: int) -> tuple[tuple[torch.Tensor,
     return (ids, positions, past_mask, readouts, *states), shapes
 
 
+# What torch.export, the ONNX exporter and transformers print during an export that says nothing about it:
+# (logger, message start) for their log records, (category, message pattern) for their warnings.
+NOISE_LOGS = (
+    # The exporter lists the torchvision ops it cannot register (torchvision is not a dependency).
+    ("torch.onnx._internal.exporter._registration", "torchvision is not installed"),
+    # The check's torch reference runs transformers' readable Gated DeltaNet, as it is meant to.
+    ("transformers.integrations.hub_kernels", "`causal_conv1d_fn` is falling back to its reference"),
+    ("transformers.integrations.hub_kernels", "`chunk_gated_delta_rule` is falling back to its reference"),
+)
+NOISE_WARNINGS = (
+    # torch.export deep-copies its own tree specs through a deprecated isinstance check.
+    (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated"),
+    # Axes shared by several inputs (batch, past_sequence) are named once; the exporter warns per axis.
+    (UserWarning, r".*will not be used, since it shares the same shape constraints"),
+)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, starts: tuple[str, ...]):
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.starts)
+
+
+@contextmanager
+def quiet_third_party() -> Iterator[None]:
+    """Silence ``NOISE_LOGS`` and ``NOISE_WARNINGS`` (only those) for the duration of the block."""
+    filters = []
+    for name in dict.fromkeys(logger for logger, _ in NOISE_LOGS):
+        drop = _DropMessages(tuple(start for logger, start in NOISE_LOGS if logger == name))
+        logging.getLogger(name).addFilter(drop)
+        filters.append((name, drop))
+    try:
+        with warnings.catch_warnings():
+            for category, pattern in NOISE_WARNINGS:
+                warnings.filterwarnings("ignore", message=pattern, category=category)
+            yield
+    finally:
+        for name, drop in filters:
+            logging.getLogger(name).removeFilter(drop)
+
+
 def trace(module: nn.Module, args: tuple[torch.Tensor, ...], shapes: tuple[Any, ...], recurrence: str) -> torch.export.ExportedProgram:
     """``torch.export`` with the state-explicit mixers installed; a guard that narrows an axis fails here."""
     with (
         torch.no_grad(),
+        quiet_third_party(),
         explicit_state_forward(module.model, recurrence),
         # Size-oblivious reasoning: an axis of size 1 is not a special case (one token, one chunk, one row).
         torch.fx.experimental._config.patch(backed_size_oblivious=True),
@@ -193,48 +267,142 @@ def trace(module: nn.Module, args: tuple[torch.Tensor, ...], shapes: tuple[Any, 
         return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
 
 
-def to_onnx(program: torch.export.ExportedProgram, shapes: tuple[Any, ...], inputs: list[str], outputs: list[str], opset: int) -> ir.Model:
-    """The exported program as an ONNX model (optimised by the exporter: constants folded, names given)."""
+def to_onnx(
+    program: torch.export.ExportedProgram,
+    shapes: tuple[Any, ...],
+    inputs: list[str],
+    outputs: list[str],
+    opset: int,
+    prepare: Callable[[ir.Model], None] | None = None,
+) -> ir.Model:
+    """The exported program as an ONNX model, optimised as the exporter optimises (constants folded), then
+    its inputs and outputs named. ``prepare`` sees the translated model before the optimiser does."""
     # Without grad: with it, decomposing the scan goes through its autograd partitioner, which fails.
-    with torch.no_grad(), warnings.catch_warnings():
-        # Axes shared by several inputs (batch, past_sequence) are named once; the exporter warns per axis.
-        warnings.filterwarnings("ignore", message=".*will not be used, since it shares the same shape constraints")
+    with torch.no_grad(), quiet_third_party():
         onnx_program = torch.onnx.export(
             program,
             dynamic_shapes=shapes,
-            input_names=inputs,
-            output_names=outputs,
             opset_version=opset,
             custom_translation_table=LOWERINGS,
             dynamo=True,
+            optimize=False,
             verbose=False,
         )
-    return onnx_program.model
+        if prepare:
+            prepare(onnx_program.model)
+        onnx_program.optimize()
+    model = onnx_program.model
+    for values, names in ((model.graph.inputs, inputs), (model.graph.outputs, outputs)):
+        if len(values) != len(names):
+            raise ValueError(f"the graph has {len(values)} inputs or outputs where {len(names)} names were given")
+        for value, name in zip(values, names, strict=True):
+            value.name = name
+    return model
 
 
-class SharedWeights:
-    """One external data file for several graphs: constants already written are referenced, not repeated."""
+class _Placeholders:
+    """The weights of a graph traced on the ``meta`` device, before the optimiser sees them: the foldable
+    ones by value, every other one as a placeholder, whose lone ``Transpose`` is folded here as the
+    optimiser would fold it (into an initializer named after the transpose's output)."""
 
-    def __init__(self, directory: Path):
-        self.directory = directory
-        self.offsets: dict[tuple[Any, ...], int] = {}
+    def __init__(self, values: Mapping[str, np.ndarray], prefix: str):
+        self.values, self.prefix = values, prefix
+        # By placeholder tensor (the optimiser renames values, and their tensors with them, but keeps the tensors).
+        self.bindings: dict[int, tuple[ir.ExternalTensor, Binding]] = {}
 
-    def externalize(self, model: ir.Model) -> None:
-        with (self.directory / WEIGHTS_FILE).open("ab") as data:
-            for value in model.graph.initializers.values():
-                tensor = value.const_value
-                if tensor is None or tensor.nbytes < EXTERNAL_MIN_BYTES:
-                    continue
-                raw = tensor.tobytes()
-                key = (tensor.dtype, tuple(tensor.shape), hashlib.sha256(raw).digest())
-                if key not in self.offsets:
-                    if len(raw) >= ALIGNMENT:
-                        data.write(b"\0" * (-data.tell() % ALIGNMENT))
-                    self.offsets[key] = data.tell()
-                    data.write(raw)
-                value.const_value = ir.ExternalTensor(
-                    WEIGHTS_FILE, self.offsets[key], len(raw), tensor.dtype, shape=tensor.shape, name=value.name, base_dir=self.directory
-                )
+    def _placeholder(self, value: ir.Value, binding: Binding, shape: tuple[int, ...]) -> None:
+        size = 4 * int(np.prod(shape))
+        tensor = ir.ExternalTensor(PLACEHOLDER, 0, size, ir.DataType.FLOAT, shape=ir.Shape(shape), name=value.name, base_dir="")
+        self.bindings[id(tensor)] = (tensor, binding)
+        value.const_value = tensor
+
+    def __call__(self, model: ir.Model) -> None:
+        graph = model.graph
+        for value in list(graph.initializers.values()):
+            tensor = value.const_value
+            raw = getattr(tensor, "raw", None)  # the exporter wraps the program's tensors, so a meta weight shows here
+            if not (isinstance(raw, torch.Tensor) and raw.is_meta):
+                continue
+            weight = value.name.removeprefix(self.prefix)
+            if weight in self.values:
+                value.const_value = ir.tensor(self.values[weight], name=value.name)
+                continue
+            if tensor.dtype != ir.DataType.FLOAT:
+                raise ValueError(f"{weight}: a {tensor.dtype} weight; the export binds float32 weights")
+            shape = tuple(int(d) for d in tensor.shape)
+            uses = list(value.uses())
+            node = uses[0].node if len(uses) == 1 else None
+            if node is None or (node.domain, node.op_type) != ("", "Transpose") or node.outputs[0].is_graph_output():
+                self._placeholder(value, Binding(weight), shape)
+                continue
+            perm_attribute = node.attributes.get("perm")
+            perm = tuple(perm_attribute.as_ints()) if perm_attribute is not None else tuple(reversed(range(len(shape))))
+            folded = tuple(shape[i] for i in perm)
+            transposed = ir.Value(name=node.outputs[0].name, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(folded))
+            self._placeholder(transposed, Binding(weight, perm), folded)
+            transposed.meta[FOLDED_FROM_KEY] = {value.name}
+            transposed.metadata_props[FOLDED_FROM_KEY] = repr([value.name])
+            graph.register_initializer(transposed)
+            ir.convenience.replace_nodes_and_values(graph, node, [node], [], node.outputs, [transposed])
+            graph.initializers.pop(value.name)
+
+    def named(self, model: ir.Model) -> dict[str, Binding]:
+        """The bindings by the names the optimised graph gives the placeholders."""
+        return {
+            value.name: self.bindings[id(value.const_value)][1]
+            for value in model.graph.initializers.values()
+            if id(value.const_value) in self.bindings
+        }
+
+
+@dataclass(frozen=True)
+class GraphJob:
+    """One graph to trace: which, from which config, with which weights by value, written where."""
+
+    graph: str  # prefill or continue
+    recurrence: str
+    config: Any  # transformers' Qwen3_5TextConfig
+    prefill_embeds: bool
+    example_length: int
+    opset: int
+    values: Mapping[str, np.ndarray]  # the foldable weights
+    path: Path
+
+
+def build_graph(job: GraphJob) -> dict[str, Binding]:
+    """Trace ``job``'s graph from its config into ``job.path``, the larger weights as placeholders; their bindings."""
+    model = empty_backbone(job.config)
+    names = state_names(model.config.layer_types)
+    module: nn.Module
+    if job.graph == "prefill":
+        module, (args, shapes) = PrefillForward(model, job.prefill_embeds), prefill_example(model, job.example_length, job.prefill_embeds)
+        inputs, outputs = prefill_names(job.prefill_embeds), ["hidden", *names]
+    else:
+        module, (args, shapes) = ContinueForward(model), continue_example(model, job.example_length)
+        inputs, outputs = CONTINUE_INPUTS + [f"past_{n}" for n in names], ["hidden"]
+    progress(f"tracing {job.graph} ({len(model.layers)} layers, {job.recurrence} recurrence)")
+    # Everything on the meta device; the buffers built from the config (rotary frequencies) go in by value.
+    buffers = {name: buffer.numpy() for name, buffer in model.named_buffers()}
+    program = trace(module.to("meta"), tuple(arg.to("meta") for arg in args), shapes, job.recurrence)
+    placeholders = _Placeholders({**job.values, **buffers}, "model.")
+    graph = to_onnx(program, shapes, inputs, outputs, job.opset, prepare=placeholders)
+    ir.save(graph, job.path)
+    return placeholders.named(graph)
+
+
+def prefill_names(embeds: bool) -> list[str]:
+    return PREFILL_EMBEDS_INPUTS if embeds else PREFILL_INPUTS
+
+
+def _build_all(jobs: list[GraphJob]) -> list[dict[str, Binding]]:
+    """Every job's graph, side by side in worker processes (tracing is single-threaded Python), one per
+    core this process may run on."""
+    workers = min(len(jobs), len(os.sched_getaffinity(0)))
+    if workers == 1:
+        return [build_graph(job) for job in jobs]
+    # Spawned, not forked: the parent may already run torch's and ONNX Runtime's threads.
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(build_graph, jobs))
 
 
 def node_count(model: onnx.ModelProto) -> int:
@@ -247,8 +415,10 @@ def node_count(model: onnx.ModelProto) -> int:
     return count(model.graph)
 
 
-def export_model(
-    model: nn.Module,
+def export_graphs(
+    config: Any,
+    source: TensorSource,
+    reference: Callable[[], nn.Module],
     out_dir: Path,
     *,
     opset: int = OPSET,
@@ -258,50 +428,48 @@ def export_model(
     prefill_embeds: bool = False,
     recurrences: tuple[str, ...] = RECURRENCES,
 ) -> Path:
-    """Trace ``model`` into ``out_dir``, atomically: ``prefill.onnx``, ``continue.onnx`` (and their
-    ``.fused`` twins; see ``graph_file``), ``export.json``.
+    """Trace the backbone of ``config`` into ``out_dir``, atomically, its weights from ``source``:
+    ``prefill.onnx``, ``continue.onnx`` (and their ``.fused`` twins; see ``graph_file``), ``export.json``.
 
+    ``reference()`` gives the loaded model the check compares the graphs with (``s1omni.export.onnx_check``).
     ``prefill_embeds``: the prefill takes ``inputs_embeds`` rather than token ids (vision members).
     ``recurrences``: which Gated DeltaNet forms to write (``RECURRENCES``), each as both graphs.
     """
     if not recurrences or set(recurrences) - set(RECURRENCES):
         raise ValueError(f"recurrences: one or more of {', '.join(RECURRENCES)}")
-    names = state_names(model.config.layer_types)
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    prefill_inputs = PREFILL_EMBEDS_INPUTS if prefill_embeds else PREFILL_INPUTS
-    graphs = {
-        "prefill": (
-            PrefillForward(model, prefill_embeds),
-            prefill_example(model, example_length, prefill_embeds),
-            prefill_inputs,
-            ["hidden", *names],
-        ),
-        "continue": (ContinueForward(model), continue_example(model, example_length), CONTINUE_INPUTS + [f"past_{n}" for n in names], ["hidden"]),
-    }
+    names = state_names(config.layer_types)
+    weights = 4 * sum(int(np.prod(shape)) for shape in source.shapes().values())  # bytes in float32
+    files = {recurrence: {name: graph_file(name, recurrence) for name in GRAPHS} for recurrence in recurrences}
     started = time.perf_counter()
-    with staged_directory(out_dir) as stage:
+    with staged_directory(out_dir) as stage, tempfile.TemporaryDirectory(prefix=".traced-", dir=stage) as traced:
+        values = foldable(source)
+        jobs = [
+            GraphJob(name, recurrence, config, prefill_embeds, example_length, opset, values, Path(traced) / file)
+            for recurrence, graphs in files.items()
+            for name, file in graphs.items()
+        ]
+        bindings = _build_all(jobs)
+        traced_seconds = time.perf_counter() - started
         shared = SharedWeights(stage) if weights > external_data_bytes else None
-        files = {recurrence: {name: graph_file(name, recurrence) for name in graphs} for recurrence in recurrences}
         nodes: dict[str, dict[str, int]] = {recurrence: {} for recurrence in recurrences}
-        for recurrence in recurrences:
-            for name, (module, (args, shapes), inputs, outputs) in graphs.items():
-                file = files[recurrence][name]
-                progress(f"tracing {name} ({len(model.layers)} layers, {recurrence} recurrence)")
-                graph = to_onnx(trace(module, args, shapes, recurrence), shapes, inputs, outputs, opset)
-                progress(f"writing {file}" + (f" (weights in {WEIGHTS_FILE})" if shared else ""))
-                if shared:
-                    shared.externalize(graph)
-                ir.save(graph, stage / file)
-                onnx.checker.check_model(str(stage / file))
-                nodes[recurrence][name] = node_count(onnx.load(str(stage / file), load_external_data=False))
+        for job, bound in zip(jobs, bindings, strict=True):
+            file = files[job.recurrence][job.graph]
+            progress(f"writing {file}" + (f" (weights in {WEIGHTS_FILE})" if shared else ""))
+            graph = onnx.load(str(job.path), load_external_data=False)
+            bind_weights(graph, bound, source, shared)
+            onnx.save(graph, str(stage / file))
+            onnx.checker.check_model(str(stage / file))
+            nodes[job.recurrence][job.graph] = node_count(graph)
         seconds = time.perf_counter() - started
-        report = check_graphs(model, stage, files) if check else None
+        progress(f"traced {len(jobs)} graphs in {traced_seconds:.0f} s, wrote them in {seconds - traced_seconds:.0f} s")
+        with quiet_third_party():
+            report = check_graphs(reference(), stage, files) if check else None
         record = {
             "format": "s1omni-backbone-onnx/2",
             "graphs": files,
             "weights": WEIGHTS_FILE if shared else None,
             "state": names,
-            "prefill_input": prefill_inputs[0],
+            "prefill_input": prefill_names(prefill_embeds)[0],
             "opset": opset,
             "example_length": example_length,
             "nodes": nodes,
@@ -314,7 +482,13 @@ def export_model(
     return out_dir
 
 
+def export_model(model: nn.Module, out_dir: Path, **options: Any) -> Path:
+    """``export_graphs`` for a model already loaded (its weights in memory); ``options`` as there."""
+    return export_graphs(model.config, ModuleTensors(model), lambda: model, Path(out_dir), **options)
+
+
 def export_backbone(package_dir: str | Path, out_dir: str | Path, *, opset: int = OPSET, recurrences: tuple[str, ...] = RECURRENCES) -> Path:
-    """Export a Vela 2.0 decoder package's backbone into ``out_dir``; the caller has verified the package."""
-    progress(f"loading {package_dir}")
-    return export_model(load_package_backbone(Path(package_dir)), Path(out_dir), opset=opset, recurrences=recurrences)
+    """Export a Vela 2.0 decoder package's backbone into ``out_dir``; the caller has verified the package.
+    The weights are read from the package as they are written; the model is loaded for the check only."""
+    config, source = package_backbone(Path(package_dir))
+    return export_graphs(config, source, lambda: loaded_backbone(config, source), Path(out_dir), opset=opset, recurrences=recurrences)

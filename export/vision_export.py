@@ -32,7 +32,7 @@ from s1omni.runtime.omnijev.engine import VISION_GRAPH
 from s1omni.runtime.omnijev.image import Pixels
 from s1omni.runtime.omnijev.vision import VisionTower, grid_inputs
 
-from .onnx_export import OPSET, to_onnx
+from .onnx_export import OPSET, quiet_third_party, to_onnx
 from .patches import _bias
 
 INPUTS = ["pixel_values", "position_ids", "interp_indices", "interp_weights", "cu_seqlens"]
@@ -101,7 +101,12 @@ def export_vision(tower: VisionTower, config: dict, out_dir: Path, opset: int = 
     args = tuple(torch.from_numpy(value) for value in example(tower, config, EXAMPLE_GRID).values())
     print(f"export: tracing vision ({len(tower.model.blocks)} blocks)", file=sys.stderr, flush=True)
     # Size-oblivious, as the backbone's trace: one segment is not a special case.
-    with torch.no_grad(), segment_attention(tower.model), torch.fx.experimental._config.patch(backed_size_oblivious=True):
+    with (
+        torch.no_grad(),
+        quiet_third_party(),
+        segment_attention(tower.model),
+        torch.fx.experimental._config.patch(backed_size_oblivious=True),
+    ):
         program = torch.export.export(VisionForward(tower.model), args, dynamic_shapes=shapes, strict=False)
     graph = to_onnx(program, shapes, INPUTS, ["image_embeds"], opset)
     ir.save(graph, out_dir / VISION_GRAPH)

@@ -9,7 +9,9 @@
 # run can be split over several calls of a machine that keeps /tmp between them:
 #
 #   synth     a synthetic Vela member of SIZE (0.8B, 4B, 9B; random weights, real shapes)
-#   export    its backbone to ONNX, fused Gated DeltaNet graphs only (TensorRT is not run here)
+#   export    its backbone to ONNX, fused Gated DeltaNet graphs only ($RECURRENCE=both for the Scan graphs
+#             too; TensorRT is not run here), timed: export-SIZE.txt has the wall time and the host's peak
+#             memory in use against the size of weights.data
 #   build     ONNX Runtime CUDA engines: one per $KERNELS (GatedDeltaNet, LinearAttention) and $PRECISIONS
 #             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16; tf32; suffixes: "/unfused"
 #             builds with --no-op-fusion, "/graphs" with --cuda-graphs, e.g. fp32/graphs)
@@ -21,7 +23,8 @@
 # Results land in OUT: validate-SIZE-KERNEL[-PRECISION].txt/.json, bench.json, bench.png and the logs.
 #
 # Wall time on the lent H200 (16 cores): synth 0.8B 26 s, 9B 106 s; export 0.8B 170 s, 4B 363 s,
-# 9B 583 s (mostly the exporter's graph passes, not the weights); validate 9B 90 s with a saved
+# 9B 583 s (mostly the exporter's graph passes; before the graphs were traced from the config, side by
+# side: export-SIZE.txt has the new figures); validate 9B 90 s with a saved
 # reference; bench 9B 255 s. A 9B synth+export outlasts one 600 s call: start it detached
 # (setsid nohup scripts/h200.sh 9B OUT synth,export > LOG 2>&1 & echo $! > PIDFILE) and poll it from
 # the calls that stage the wheels (kill -0 "$(cat PIDFILE)"; a `pgrep -f` pattern also matches the
@@ -64,7 +67,23 @@ if wants synth; then
 fi
 if wants export; then
   stamp "export $size"
-  [ -d "$exp" ] || s1omni export "$pkg" --out "$exp" --recurrence fused 2>&1 | tee "$out/export-$size.log" | grep -v Warning
+  if [ ! -d "$exp" ]; then
+    # Timed, with the host's peak memory in use (sampled every 0.5 s; the export's worker processes count too).
+    base=$(awk '/MemTotal/{t=$2} /MemAvailable/{a=$2} END{print t-a}' /proc/meminfo)
+    (peak=0; while :; do
+       used=$(awk '/MemTotal/{t=$2} /MemAvailable/{a=$2} END{print t-a}' /proc/meminfo)
+       [ "$used" -le "$peak" ] || { peak=$used; echo "$peak" > "$out/export-$size.peak"; }
+       sleep 0.5
+     done) & sampler=$!
+    started=$(date +%s.%N)
+    s1omni export "$pkg" --out "$exp" --recurrence "${RECURRENCE:-fused}" 2>&1 | tee "$out/export-$size.log"
+    ended=$(date +%s.%N)
+    kill "$sampler"
+    weights=$(du -b "$exp"/weights.data 2>/dev/null | cut -f1 || echo 0)
+    awk -v s="$started" -v e="$ended" -v p="$(cat "$out/export-$size.peak")" -v b="$base" -v w="$weights" -v size="$size" 'BEGIN {
+      printf "export %s: %.0f s, peak host memory %.1f GB over the %.1f GB in use before, weights.data %.1f GB (%.2fx)\n",
+        size, e - s, (p - b) / 1048576, b / 1048576, w / 1e9, w > 0 ? (p - b) * 1024 / w : 0 }' | tee "$out/export-$size.txt"
+  fi
 fi
 if wants build; then
   for variant in "${variants[@]}"; do

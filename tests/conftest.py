@@ -43,7 +43,9 @@ def tiny_model(tiny_vela: Path):
 
 @pytest.fixture(scope="session")
 def exported(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny member exported as a user does (``s1omni export``: both recurrences, weights inside the graphs)."""
+    """The tiny member exported as a user does (``s1omni export``: both recurrences, weights inside the graphs);
+    what it printed is kept beside it, in ``export.stderr``."""
     out = tmp_path_factory.mktemp("export") / "tiny"
-    s1omni("export", str(tiny_vela), "--out", str(out))
+    result = s1omni("export", str(tiny_vela), "--out", str(out))
+    (out.parent / "export.stderr").write_text(result.stderr, encoding="utf-8")
     return out

@@ -7,16 +7,42 @@ reference order: each prefix alone, its blocks in one right-padded batch).
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 import torch
+from onnx import TensorProto, helper, numpy_helper
+from onnxscript.optimizer._constant_folding import FOLDED_FROM_KEY
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
-from s1omni.export.onnx_export import export_backbone, export_model, graph_file, load_package_backbone, node_count
-from s1omni.export.patches import RECURRENCES, explicit_state_forward, fused_gated_delta_rule, gated_delta_rule, unit_lower_inverse
+from s1omni.export.graph_weights import PLACEHOLDER, WEIGHTS_FILE, Binding, SharedWeights, bind_weights
+from s1omni.export.onnx_export import (
+    EXAMPLE_LENGTH,
+    OPSET,
+    PREFILL_INPUTS,
+    export_backbone,
+    export_model,
+    graph_file,
+    load_package_backbone,
+    node_count,
+    package_backbone,
+    prefill_example,
+    to_onnx,
+    trace,
+)
+from s1omni.export.patches import (
+    RECURRENCES,
+    PrefillForward,
+    explicit_state_forward,
+    fused_gated_delta_rule,
+    gated_delta_rule,
+    state_names,
+    unit_lower_inverse,
+)
 from s1omni.runtime.runners.base import Block, Prefix, Tree
 from s1omni.runtime.runners.onnxruntime_runner import OnnxRuntimeRunner
 from s1omni.runtime.runners.torch_runner import TorchRunner
@@ -115,6 +141,111 @@ def test_export_writes_checked_graphs(engine: Path) -> None:
     outputs = [value.name for value in prefill.graph.output]
     assert outputs == ["hidden", "conv.0", "recurrent.0", "conv.1", "recurrent.1", "conv.2", "recurrent.2", "key.3", "value.3"]
     assert (engine / "export.json").is_file()
+
+
+def _signature(graph: onnx.GraphProto) -> list[tuple]:
+    """Every node (op, inputs, outputs, attributes; subgraphs recursively), in order."""
+    return [
+        (node.domain, node.op_type, list(node.input), list(node.output),
+         [_signature(a.g) if a.type == onnx.AttributeProto.GRAPH else helper.printable_attribute(a) for a in node.attribute])
+        for node in graph.node
+    ]
+
+
+def _initializers(model: onnx.ModelProto, directory: Path) -> dict[str, tuple[int, list[int], bytes]]:
+    return {t.name: (t.data_type, list(t.dims), numpy_helper.to_array(t, str(directory)).tobytes()) for t in model.graph.initializer}
+
+
+@pytest.mark.slow
+def test_graphs_are_the_loaded_models_own_trace(engine: Path, reference: TorchRunner, tmp_path: Path) -> None:
+    """Traced from the config with the weights bound afterwards, a graph is what tracing the loaded model
+    gives: the same nodes, inputs and outputs, and the same initializers, byte for byte."""
+    model = reference.model
+    args, shapes = prefill_example(model, EXAMPLE_LENGTH)
+    outputs = ["hidden", *state_names(model.config.layer_types)]
+    own = ir.to_proto(to_onnx(trace(PrefillForward(model), args, shapes, "fused"), shapes, PREFILL_INPUTS, outputs, OPSET))
+    found = onnx.load(str(engine / "prefill.fused.onnx"))
+    assert [v.name for v in found.graph.input] == PREFILL_INPUTS and [v.name for v in found.graph.output] == outputs
+    assert [v.name for v in own.graph.input] == PREFILL_INPUTS and [v.name for v in own.graph.output] == outputs
+    assert _signature(found.graph) == _signature(own.graph)
+    assert _initializers(found, engine) == _initializers(own, tmp_path)
+
+
+@pytest.mark.slow
+def test_bound_weights_are_the_package_tensors(engine: Path, tiny_vela: Path) -> None:
+    """Each weight in the graphs, as it is or transposed, is the package's tensor in float32, bit for bit."""
+    _, source = package_backbone(tiny_vela)
+    for file in ("prefill.onnx", "continue.fused.onnx"):
+        model = onnx.load(str(engine / file))
+        # What each folded constant was folded from, as the optimiser records it on the value.
+        sources = {v.name: ast.literal_eval(e.value) for v in model.graph.value_info for e in v.metadata_props if e.key == FOLDED_FROM_KEY}
+        compared = set()
+        for tensor in model.graph.initializer:
+            names = [tensor.name] if tensor.name.startswith("model.") else sources.get(tensor.name, [])
+            folded = names != [tensor.name]
+            if len(names) != 1 or not names[0].startswith("model.") or (folded and len(tensor.dims) != 2):
+                continue  # a constant of the graph's own, or one computed from weights (1 + weight, -exp(A_log))
+            weight, values = names[0].removeprefix("model."), numpy_helper.to_array(tensor)
+            expected = source.read(weight)
+            if folded:  # a matrix folded from one weight: its transpose, as the MatMul reads it
+                expected = expected.T
+            assert values.dtype == np.float32 and values.tobytes() == np.ascontiguousarray(expected).tobytes(), (file, tensor.name)
+            compared.add(weight)
+        # Every matrix: the embedding by name, the projections through their folded transposes.
+        assert {"embed_tokens.weight", "layers.3.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight"} <= compared, file
+
+
+class _Weights:
+    """A hand-made weight source."""
+
+    def __init__(self, **tensors: np.ndarray):
+        self.tensors = tensors
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: value.shape for name, value in self.tensors.items()}
+
+    def read(self, name: str) -> np.ndarray:
+        return self.tensors[name]
+
+
+def _placeholder_graph(*dims: int) -> onnx.ModelProto:
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=list(dims), data_location=TensorProto.EXTERNAL)
+    for key, value in (("location", PLACEHOLDER), ("offset", "0"), ("length", str(4 * int(np.prod(dims))))):
+        weight.external_data.add(key=key, value=value)
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    x, y = (helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("x", "y"))
+    return helper.make_model(helper.make_graph([node], "g", [x], [y], [weight]))
+
+
+def test_weights_are_bound_by_name_and_transposed_as_traced(tmp_path: Path) -> None:
+    matrix = np.arange(6, dtype=np.float32).reshape(2, 3)
+    inside = _placeholder_graph(3, 2)
+    bind_weights(inside, {"w": Binding("proj", (1, 0))}, _Weights(proj=matrix), None)
+    assert numpy_helper.to_array(inside.graph.initializer[0]).tobytes() == matrix.T.tobytes()
+    outside = _placeholder_graph(3, 2)
+    bind_weights(outside, {"w": Binding("proj", (1, 0))}, _Weights(proj=matrix), SharedWeights(tmp_path))
+    assert numpy_helper.to_array(outside.graph.initializer[0], str(tmp_path)).tobytes() == matrix.T.tobytes()
+    assert (tmp_path / WEIGHTS_FILE).stat().st_size == matrix.nbytes
+
+
+@pytest.mark.parametrize(
+    ("bindings", "weights", "message"),
+    [
+        ({"w": Binding("proj")}, {"proj": np.zeros((2, 3), np.float32)}, "where the graph has"),  # not transposed
+        ({"w": Binding("proj", (1, 0))}, {"proj": np.zeros((2, 3), np.float64)}, "where the graph has"),
+        ({}, {"proj": np.zeros((2, 3), np.float32)}, "names no weight"),
+    ],
+)
+def test_a_weight_that_does_not_fit_its_placeholder_is_refused(bindings: dict, weights: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        bind_weights(_placeholder_graph(3, 2), bindings, _Weights(**weights), None)
+
+
+@pytest.mark.slow
+def test_export_prints_its_progress_and_no_third_party_warnings(exported: Path) -> None:
+    printed = (exported.parent / "export.stderr").read_text(encoding="utf-8")
+    assert "export: tracing prefill" in printed and "export: checked" in printed
+    assert "Warning" not in printed and "torchvision" not in printed, printed
 
 
 @pytest.mark.slow

@@ -43,18 +43,29 @@ def read_prefixed(paths: Sequence[Path], prefix: str) -> dict[str, torch.Tensor]
     return tensors
 
 
-def load_backbone(backbone_config: dict[str, Any], shards: Sequence[Path], prefix: str = BACKBONE_PREFIX):
-    """The Qwen3.5 text model with the ``backbone.*`` tensors loaded strictly, in float32."""
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
-
+def eager_config(backbone_config: dict[str, Any]):
+    """``text_config`` with eager attention, the implementation the reference and the export run."""
     config = text_config(backbone_config)
     config._attn_implementation = "eager"
+    return config
+
+
+def empty_backbone(config):
+    """The Qwen3.5 text model of ``config`` with its weights on the ``meta`` device (no storage) and its
+    non-persistent buffers (the rotary frequencies) rebuilt from the config."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
+
     with torch.device("meta"):
         model = Qwen3_5TextModel(config)
+    model.rotary_emb = type(model.rotary_emb)(config=config)
+    return model.eval()
+
+
+def load_backbone(backbone_config: dict[str, Any], shards: Sequence[Path], prefix: str = BACKBONE_PREFIX):
+    """The Qwen3.5 text model with the ``backbone.*`` tensors loaded strictly, in float32."""
+    model = empty_backbone(eager_config(backbone_config))
     state = {name: value.float() for name, value in read_prefixed(shards, prefix).items()}
     model.load_state_dict(state, strict=True, assign=True)
-    # Non-persistent buffers (the rotary frequencies) are rebuilt from the config.
-    model.rotary_emb = type(model.rotary_emb)(config=config)
     return model.float().eval()
 
 
