@@ -27,6 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_registry(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--drain-timeout", type=float, default=defaults.drain_timeout_s, metavar="S", help="on SIGTERM, the longest wait for requests in flight")
+    parser.add_argument("--body-timeout", type=float, default=defaults.body_timeout_s, metavar="S", help="the longest a request's body may take to arrive (then 400)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     # No argparse defaults here: an option given for an OmniJev package is refused, not ignored.
     vela = parser.add_argument_group("Vela 2.0 only", "OmniJev keeps its contract's: 12 MiB bodies, 16 admitted, 2 preparing")
@@ -63,7 +64,7 @@ def _config(args: argparse.Namespace) -> ServeConfig:
     }
     body = {} if args.max_request_bytes is None else {"max_request_bytes": args.max_request_bytes}
     given = Limits(**{name: value for name, value in limits.items() if value is not None})
-    return ServeConfig(args.host, args.port, limits=given, drain_timeout_s=args.drain_timeout, **body)
+    return ServeConfig(args.host, args.port, limits=given, body_timeout_s=args.body_timeout, drain_timeout_s=args.drain_timeout, **body)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     from s1omni.server.service import ModelSource, Service
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.body_timeout > 0:
+        raise SystemExit(f"s1omni serve: --body-timeout must be > 0 seconds, not {args.body_timeout:g}")
     path = args.package or args.engine
     if path is not None and args.ray:
         path = str(Path(path).absolute())  # each replica loads it in its own process, on its own node

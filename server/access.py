@@ -4,12 +4,20 @@ A plain ASGI middleware, so that it sees every response, routed or not (404, 405
 to the path of a request but headers. Handlers leave what only they know in the request's state:
 ``code`` (the error code, if any) and ``tokens`` (tokens the model processed for it).
 
-A response sent before its request's body was read to the end (413, 503, 422, 404, 405) closes the
-connection: otherwise the server would go on reading, and discarding, the rest of the body.
+A response sent before its request's body was read to the end (413, 503, 422, 404, 405, a body
+that timed out) closes the connection, but only after the rest of the body has been read and
+discarded, up to ``DRAIN_BYTES`` and for ``DRAIN_S`` at most. A client that writes its whole body
+before it reads (most do) would otherwise see the connection reset under its write, its response
+lost, since a socket closed with unread input is reset. The response is written first, so a client
+that reads while it writes has it at once; one that sends more, or slower, than the bounds allow
+sees the connection close, most likely reset, when they run out. The drain holds no admission and
+no count of requests in flight: the handler has returned.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 import uuid
@@ -27,6 +35,9 @@ DECISION_ROUTES = frozenset({"/v1/systemone", "/v1/decisions"})
 QUIET_ROUTES = frozenset({"/health", "/health/live", "/metrics"})
 CLIENT_CLOSED = 499  # recorded for a request whose client left before its answer (nginx's code)
 _CLIENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# The most of an early-refused request's body read and discarded before its connection closes.
+DRAIN_BYTES = 32 << 20
+DRAIN_S = 5.0
 
 
 class Access:
@@ -63,6 +74,10 @@ class Access:
                 if not body_read:
                     headers.append((b"connection", b"close"))
                 message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body" and not message.get("more_body", False) and not body_read:
+                await send({**message, "more_body": True})  # all of the response, its end held back
+                await _drain(counted)
+                message = {"type": "http.response.body", "body": b""}
             await send(message)
 
         try:
@@ -87,6 +102,18 @@ class Access:
             "%s %s %d code=%s id=%s tokens=%d %s total=%.3f ms",
             scope["method"], path, status, code, request_id, tokens, stages, total * 1e3,
         )  # fmt: skip
+
+
+async def _drain(receive: Receive) -> None:
+    """Read and discard the rest of a request's body, within ``DRAIN_BYTES`` and ``DRAIN_S``."""
+    discarded = 0
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(DRAIN_S):
+            while discarded <= DRAIN_BYTES:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    return
+                discarded += len(message.get("body", b""))
 
 
 def _has_body(scope: Scope) -> bool:

@@ -4,9 +4,19 @@
 One handler serves every family; the served family (``service.family``) reads the body, answers
 it, and gives each refusal its body and headers. The body is read against the family's limit: a
 declared ``Content-Length`` over it is answered 413 before a byte is read, and a streamed body is
-counted as it arrives and refused as soon as it passes the limit. Routes of surfaces other
-families serve answer 422 ``unsupported_surface``; an unknown route 404 and a wrong method 405,
-both ``invalid_request``.
+counted as it arrives and refused as soon as it passes the limit. The whole body must arrive
+within ``body_timeout_s`` of the request's headers, else 400 ``invalid_request``: a body that
+trickles in holds a connection, never an admission slot, which is taken only once the body is read.
+Routes of surfaces other families serve answer 422 ``unsupported_surface``; an unknown route 404
+and a wrong method 405, both ``invalid_request``.
+
+A path with a trailing slash is an unknown route (404), not a redirect to the route without it as
+Starlette's default (and so the reference's) would answer: a 307 on a POST makes a client send its
+body twice, clients that do not follow redirects (httpx by default) get a 307 without a body, and
+its ``Location`` is built from the ``Host`` header, which behind a proxy is not the client's. Nor
+is it served as an alias: the contract names each route once, and a typo is better told than
+hidden. The OmniJev reference (axum) answers 404 to it as well; the 404's message names the route
+meant.
 """
 
 from __future__ import annotations
@@ -36,23 +46,27 @@ from .service import Service
 log = logging.getLogger("s1omni.server")
 
 JSON = "application/json"
-OTHER_SURFACES = ("/v1/classify", "/v1/embeddings", "/v1/rerank")
+OTHER_SURFACES = ("/v1/classify", "/v1/embeddings", "/v1/rerank", "/v1/bundle")
 
 
 def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(wire.encode(content), status_code=status, headers=headers, media_type=JSON)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     too_large = RequestError("request_too_large", f"the request body exceeds {limit} bytes")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_large
+    except TimeoutError:
+        raise RequestError("invalid_request", f"the request body did not arrive within {timeout_s:g} s") from None
     return bytes(body)
 
 
@@ -73,7 +87,7 @@ def create_app(service: Service) -> ASGIApp:
         arrival = None
         try:
             arrival = service.arrive()
-            raw = await _read_body(request, family.max_body)
+            raw = await _read_body(request, family.max_body, config.body_timeout_s)
             body = family.read(raw)
             timing.parse = time.perf_counter() - timing.started
             content, request.state.tokens = await family.answer(body, len(raw), timing, arrival)
@@ -115,7 +129,10 @@ def create_app(service: Service) -> ASGIApp:
         return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return _error(request, RequestError("invalid_request", f"no route {request.url.path}"), 404)
+        path = request.url.path
+        meant = path.rstrip("/")
+        hint = f" (routes have no trailing slash: {meant})" if meant != path and meant in paths else ""
+        return _error(request, RequestError("invalid_request", f"no route {path}{hint}"), 404)
 
     async def not_allowed(request: Request, exc: Exception) -> Response:
         allow = exc.headers if isinstance(exc, HTTPException) else None  # keeps the Allow header
@@ -139,5 +156,7 @@ def create_app(service: Service) -> ASGIApp:
         Route("/metrics", metrics, methods=["GET"]),
         *openapi.routes(family.name),
     ]
+    paths = frozenset(route.path for route in routes)
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed}, lifespan=lifespan)
-    return Access(app, service.metrics, frozenset(route.path for route in routes))
+    app.router.redirect_slashes = False  # see the module's docstring
+    return Access(app, service.metrics, paths)

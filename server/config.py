@@ -16,5 +16,7 @@ class ServeConfig:
     port: int = DEFAULT_PORT
     max_request_bytes: int = 8 << 20
     limits: Limits = field(default_factory=Limits)
+    # How long a request's body may take to arrive, from its headers to its last byte; then 400.
+    body_timeout_s: float = 30.0
     # How long SIGTERM waits for requests in flight before the process stops anyway.
     drain_timeout_s: float = 30.0

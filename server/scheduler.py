@@ -11,8 +11,13 @@ batching window while other requests are on their way (read, parsed, planned, no
 ``Arrival``), so that requests arriving together share a forward while a lone request never waits
 for nobody. Then it takes the oldest job and the queued jobs of its profile that fit one forward's
 token budget and plan count, in arrival order.
-A job whose deadline has passed by then is not run: it is answered ``EXPIRED``. Whatever happens to
-the client, an admitted job runs (or expires) and is answered, and only then leaves the counts.
+
+A job with a deadline is answered ``EXPIRED`` when its deadline passes while it is queued, however
+long the forward in flight still runs: a second thread (the deadline watcher) sleeps until the
+earliest queued deadline and takes such jobs out of the queue, so the worker never sees them. A
+job whose deadline passes after the worker took it, before its forward starts, is not run either.
+Once its forward has started a job runs to the end. Whatever happens to the client, an admitted job
+runs (or expires) and is answered, and only then leaves the counts.
 """
 
 from __future__ import annotations
@@ -90,9 +95,11 @@ class Scheduler:
         self._closed = False
         self._batches = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="s1omni-worker", daemon=True)
+        self._watcher = threading.Thread(target=self._watch_deadlines, name="s1omni-deadlines", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+        self._watcher.start()
 
     def close(self, timeout: float) -> bool:
         """Admit nothing more, let the worker answer what is queued and exit; whether it has."""
@@ -146,16 +153,20 @@ class Scheduler:
         """The next batch, after its batching window; None once closed and empty."""
         limits = self.limits
         with self._lock:
-            while not self._queue and not self._closed:
-                self._lock.wait()
-            if not self._queue:
-                return None
-            end = self._queue[0].enqueued + limits.batch_window_s
-            while not self._closed and self._arriving and len(self._queue) < limits.max_batch_plans:
-                remaining = end - time.perf_counter()
-                if remaining <= 0:
+            while True:
+                while not self._queue and not self._closed:
+                    self._lock.wait()
+                if not self._queue:
+                    self._lock.notify_all()  # the deadline watcher ends too
+                    return None
+                end = self._queue[0].enqueued + limits.batch_window_s
+                while not self._closed and self._arriving and len(self._queue) < limits.max_batch_plans:
+                    remaining = end - time.perf_counter()
+                    if remaining <= 0:
+                        break
+                    self._lock.wait(remaining)
+                if self._queue:  # the deadline watcher may have emptied it meanwhile
                     break
-                self._lock.wait(remaining)
             first = self._queue.popleft()
             batch, tokens, kept = [first], first.tokens, deque()
             while self._queue:
@@ -168,6 +179,26 @@ class Scheduler:
                     kept.append(job)
             self._queue = kept
             return batch
+
+    def _watch_deadlines(self) -> None:
+        """Answer ``EXPIRED`` each queued job whose deadline passes, when it passes."""
+        while True:
+            with self._lock:
+                if self._closed and not self._queue:
+                    return
+                now = time.perf_counter()
+                due = [job for job in self._queue if job.deadline is not None and job.deadline <= now]
+                if not due:
+                    upcoming = min((job.deadline for job in self._queue if job.deadline is not None), default=None)
+                    self._lock.wait(None if upcoming is None else upcoming - now)
+                    continue
+                self._queue = deque(job for job in self._queue if job not in due)
+            for job in due:
+                self._expire(job)
+
+    def _expire(self, job: Job) -> None:
+        self._metrics.expired.inc()
+        self._answer(job, EXPIRED)
 
     def _answer(self, job: Job, result: Any = None, error: BaseException | None = None) -> None:
         with self._lock:
@@ -187,8 +218,7 @@ class Scheduler:
             runnable = []
             for job in batch:
                 if job.deadline is not None and now > job.deadline:
-                    self._metrics.expired.inc()
-                    self._answer(job, EXPIRED)
+                    self._expire(job)
                 else:
                     runnable.append(job)
             if runnable:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -19,6 +23,33 @@ SERVER_TIMING = re.compile(
     r"parse;dur=(\d+\.\d{3}), tokenize;dur=(\d+\.\d{3}), queue;dur=(\d+\.\d{3}), forward;dur=(\d+\.\d{3}), "
     r"post;dur=(\d+\.\d{3}), serialize;dur=(\d+\.\d{3}), total;dur=(\d+\.\d{3})"
 )
+
+
+def tls_client_hello() -> bytes:
+    """The first bytes a TLS client sends (its ClientHello), made by Python's own TLS."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="localhost")
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:  # it waits for the server's hello
+        return outgoing.read()
+    raise AssertionError("a TLS handshake completed without a server")
+
+
+# Requests h11 refuses before the app sees them, and h11's reason (server/process.py).
+FRAMING_ERRORS = {
+    "two Content-Length": (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{} ",
+        "conflicting Content-Length headers",
+    ),
+    "bad chunk size": (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+        "illegal chunk header",
+    ),
+    "no Host": (b"POST /v1/systemone HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", "Missing mandatory Host: header"),
+    "TLS hello": (tls_client_hello(), "illegal request line"),
+}
+FRAMING_PREFIX = "the request is not valid HTTP/1.1: "
 
 
 class Server:
@@ -77,6 +108,55 @@ class Server:
                 self.process.kill()
                 self.process.wait()
         return self.process.returncode
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One response read off a raw socket: status code, headers (lower-case names) and body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> dict:
+        assert self.headers.get("content-type") == "application/json", self.headers
+        return json.loads(self.body)
+
+
+def exchange(server: Server, data: bytes, *, until_closed: bool = False, timeout: float = 60) -> Exchange:
+    """Send ``data`` on a fresh connection as a naive client does (all of it, then read) and read
+    one response; with ``until_closed`` also read on until the server closes, which must be an
+    orderly close with nothing more sent (a reset raises ``ConnectionResetError``)."""
+    with connect(server, timeout) as connection:
+        connection.sendall(data)
+        return read_response(connection, until_closed=until_closed)
+
+
+def connect(server: Server, timeout: float = 60) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=timeout)
+
+
+def read_response(connection: socket.socket, *, until_closed: bool = False) -> Exchange:
+    """One response read off ``connection`` (see ``exchange``)."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = connection.recv(65536)
+        assert chunk, f"the connection closed before a response came: {received!r}"
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+    length = int(headers["content-length"])
+    while len(body) < length:
+        chunk = connection.recv(65536)
+        assert chunk, "the connection closed inside the response body"
+        body += chunk
+    if until_closed:
+        while chunk := connection.recv(65536):
+            body += chunk
+        assert len(body) == length, f"more than one response: {body!r}"
+    return Exchange(int(status_line.split()[1]), headers, body[:length])
 
 
 def stages(response: httpx.Response) -> dict[str, float]:

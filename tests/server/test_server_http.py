@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
-from serving import Server, error, metric, stages
+from serving import FRAMING_ERRORS, FRAMING_PREFIX, Server, error, exchange, metric, stages
 
 STATE = {
     "request": "Please refund the duplicate charge of 40 euros to my card — thanks, Jürgen.",
@@ -32,17 +34,6 @@ def server(start, tiny_vela) -> Iterator[Server]:
     server.wait_status("ready")
     yield server
     server.stop()
-
-
-def raw_exchange(server: Server, data: bytes) -> bytes:
-    """Send ``data`` on a fresh connection and read until the server closes it."""
-    host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=30) as connection:
-        connection.sendall(data)
-        received = b""
-        while chunk := connection.recv(65536):
-            received += chunk
-    return received
 
 
 def test_five_kinds_answer_in_the_documented_key_order(server: Server) -> None:
@@ -119,6 +110,43 @@ def test_a_tiny_deadline_answers_every_question_deadline_exceeded(server: Server
     assert list(body["answers"]) == list(FIVE_KINDS)
     assert body["usage"] == {"input_tokens": 0, "output_tokens": 0}
     assert stages(response)["forward"] == 0
+    assert metric(server.metrics(), "s1omni_deadline_expired_total") == before + 1
+
+
+# About 1,200 tokens and 32 rows: one forward of a second or more on the CPU, however fast the host.
+LONG = {
+    "state": "Please refund the duplicate charge of forty euros to my card today. " * 10,
+    "questions": {
+        f"q{index}": {"type": "choice", "instructions": f"Question {index} about the refund?", "criteria": {f"o{option}": f"option {option}" for option in range(8)}}
+        for index in range(4)
+    },
+}
+DEADLINE_MS = 200
+# How late past its deadline a request queued behind a forward may be answered (its measure is printed).
+DEADLINE_SLACK_S = 0.1
+
+
+def test_a_deadline_passing_behind_a_long_forward_is_answered_when_it_passes(server: Server) -> None:
+    async def scenario() -> tuple[httpx.Response, float, bool, httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as client:
+            long = asyncio.create_task(client.post("/v1/systemone", json=LONG))
+            while True:  # its job taken by the worker: its forward has begun
+                text = (await client.get("/metrics")).text
+                if metric(text, "s1omni_pending_jobs") == 1 and metric(text, "s1omni_queue_depth") == 0:
+                    break
+                await asyncio.sleep(0.005)
+            sent = time.monotonic()
+            late = await client.post("/v1/systemone", json={**SMALL, "options": {"deadline_ms": DEADLINE_MS}})
+            waited = time.monotonic() - sent
+            return late, waited, long.done(), await long
+
+    before = metric(server.metrics(), "s1omni_deadline_expired_total")
+    late, waited, long_done, long = asyncio.run(scenario())
+    print(f"answered {(waited - DEADLINE_MS / 1e3) * 1e3:.1f} ms after its {DEADLINE_MS} ms deadline")
+    assert late.status_code == 200 and late.json()["answers"] == {"refund": {"type": "noul", "error": "deadline_exceeded"}}, late.text
+    assert stages(late)["forward"] == 0
+    assert not long_done and long.status_code == 200, long.text  # answered while the forward still ran
+    assert DEADLINE_MS / 1e3 <= waited < DEADLINE_MS / 1e3 + DEADLINE_SLACK_S
     assert metric(server.metrics(), "s1omni_deadline_expired_total") == before + 1
 
 
@@ -209,25 +237,29 @@ def test_unknown_routes_and_methods_are_invalid_request(server: Server) -> None:
     error(server.client.post("/health"), 405, "invalid_request")
 
 
-@pytest.mark.parametrize("path", ["/v1/classify", "/v1/embeddings", "/v1/rerank"])
+@pytest.mark.parametrize("path", ["/v1/classify", "/v1/embeddings", "/v1/rerank", "/v1/bundle"])
 def test_other_families_surfaces_are_unsupported(server: Server, path: str) -> None:
     error(server.client.post(path, json={"input": "x"}), 422, "unsupported_surface")
 
 
-def _split(response: bytes) -> tuple[str, dict[str, str], dict]:
-    head, _, body = response.partition(b"\r\n\r\n")
-    status, *lines = head.decode("latin-1").split("\r\n")
-    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
-    return status, headers, json.loads(body)
+@pytest.mark.parametrize(("method", "path"), [("POST", "/v1/systemone/"), ("POST", "/v1/decisions/"), ("GET", "/v1/models/"), ("GET", "/health/")])
+def test_a_trailing_slash_is_404_not_a_redirect(server: Server, method: str, path: str) -> None:
+    response = server.client.request(method, path, json=SMALL if method == "POST" else None)
+    message = error(response, 404, "invalid_request")
+    assert "location" not in response.headers
+    assert message == f"no route {path} (routes have no trailing slash: {path.rstrip('/')})"
+
+
+def post_head(path: str, length: int) -> bytes:
+    return b"POST %s HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (path.encode(), length)
 
 
 def test_a_declared_length_over_the_limit_is_413_before_the_body_is_read(server: Server) -> None:
     """100 MiB declared, 1 KiB sent: the answer comes anyway, and the connection closes."""
-    head = b"POST /v1/systemone HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: 104857600\r\n\r\n"
-    status, headers, body = _split(raw_exchange(server, head + b" " * 1024))
-    assert status.startswith("HTTP/1.1 413") and headers["connection"] == "close"
-    assert body["error"]["code"] == "request_too_large"
-    assert "server-timing" in headers
+    response = exchange(server, post_head("/v1/systemone", 100 << 20) + b" " * 1024)
+    assert response.status == 413 and response.headers["connection"] == "close"
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert "server-timing" in response.headers
 
 
 def test_a_streamed_body_is_413_once_it_passes_the_limit(server: Server) -> None:
@@ -236,9 +268,47 @@ def test_a_streamed_body_is_413_once_it_passes_the_limit(server: Server) -> None
     chunk = b" " * 65536
     chunks = [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * (limit // len(chunk)) + [b"1\r\n \r\n"]
     head = b"POST /v1/systemone HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n"
-    status, headers, body = _split(raw_exchange(server, head + b"".join(chunks)))  # no final chunk
-    assert status.startswith("HTTP/1.1 413") and headers["connection"] == "close"
-    assert body["error"]["code"] == "request_too_large"
+    response = exchange(server, head + b"".join(chunks))  # no final chunk
+    assert response.status == 413 and response.headers["connection"] == "close"
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_naive_client_sending_a_body_over_the_limit_reads_the_413(server: Server) -> None:
+    """The whole body written before a byte is read: the server reads and discards it, answers, then
+    closes in order (a reset would lose the answer under the client's write)."""
+    limit = server.client.get("/v1/models").json()["limits"]["max_request_bytes"]
+    declared = exchange(server, post_head("/v1/systemone", limit + 1) + b" " * (limit + 1), until_closed=True)
+    assert declared.status == 413 and declared.json()["error"]["code"] == "request_too_large"
+    chunk = b" " * (1 << 20)
+    head = b"POST /v1/systemone HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n"
+    streamed = head + b"%x\r\n%s\r\n" % (len(chunk), chunk) * (limit // len(chunk) + 2) + b"0\r\n\r\n"
+    assert exchange(server, streamed, until_closed=True).json()["error"]["code"] == "request_too_large"
+    assert server.post(SMALL).status_code == 200
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [("POST", "/v1/nothing", 404), ("POST", "/v1/bundle", 422), ("PUT", "/v1/systemone", 405)])
+def test_every_early_refusal_reaches_a_naive_client(server: Server, method: str, path: str, status: int) -> None:
+    body = b" " * (4 << 20)
+    head = post_head(path, len(body)).replace(b"POST", method.encode(), 1)
+    response = exchange(server, head + body, until_closed=True)
+    assert response.status == status and response.headers["connection"] == "close"
+    assert list(response.json()) == ["error"]
+
+
+@pytest.mark.parametrize(("raw", "reason"), FRAMING_ERRORS.values(), ids=FRAMING_ERRORS.keys())
+def test_http_framing_errors_get_the_json_400(server: Server, raw: bytes, reason: str) -> None:
+    response = exchange(server, raw, until_closed=True)
+    assert response.status == 400 and response.headers["connection"] == "close"
+    body = response.json()
+    assert list(body) == ["error"] and body["error"]["code"] == "invalid_request"
+    assert body["error"]["message"].startswith(FRAMING_PREFIX + reason), body
+    assert server.post(SMALL).status_code == 200
+
+
+def test_repeated_equal_content_lengths_are_one_header(server: Server) -> None:
+    raw = json.dumps(SMALL).encode()
+    head = b"POST /v1/systemone HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\nContent-Length: %d\r\n\r\n" % (len(raw), len(raw))
+    assert exchange(server, head + raw).status == 200
 
 
 def test_models_health_and_liveness(server: Server) -> None:

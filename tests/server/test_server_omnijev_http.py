@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serving import S1OMNI, Server, detail, metric, stages
+from serving import FRAMING_ERRORS, FRAMING_PREFIX, S1OMNI, Server, detail, exchange, metric, stages
 
 from s1omni.runtime.omnijev.contract import MAX_BODY, ContractError
 from s1omni.runtime.omnijev.model import warmup_png
@@ -73,20 +73,6 @@ def server(start, omnijev_package: Path) -> Iterator[Server]:
         time.sleep(0.05)
     yield server
     server.stop()
-
-
-def raw_exchange(server: Server, data: bytes) -> tuple[str, dict[str, str], dict]:
-    """Send ``data`` on a fresh connection, read until the server closes it; status line, headers, body."""
-    host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=60) as connection:
-        connection.sendall(data)
-        received = b""
-        while chunk := connection.recv(65536):
-            received += chunk
-    head, _, body = received.partition(b"\r\n\r\n")
-    status, *lines = head.decode("latin-1").split("\r\n")
-    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
-    return status, headers, json.loads(body)
 
 
 def refusal(model: Any, body: dict[str, Any]) -> ContractError:
@@ -154,11 +140,14 @@ def test_bodies_that_are_not_strict_json_are_400(server: Server, raw: bytes) -> 
     assert detail(response, 400).startswith("invalid")
 
 
+def post_head(length: int) -> bytes:
+    return b"POST /v1/systemone HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % length
+
+
 def test_a_declared_length_over_12_mib_is_413_before_the_body_is_read(server: Server) -> None:
-    head = b"POST /v1/systemone HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: 104857600\r\n\r\n"
-    status, headers, body = raw_exchange(server, head + b" " * 1024)
-    assert status.startswith("HTTP/1.1 413") and headers["connection"] == "close" and "server-timing" in headers
-    assert list(body) == ["detail"]
+    response = exchange(server, post_head(100 << 20) + b" " * 1024)
+    assert response.status == 413 and response.headers["connection"] == "close" and "server-timing" in response.headers
+    assert list(response.json()) == ["detail"]
 
 
 def test_the_limit_is_exactly_12_mib(server: Server) -> None:
@@ -168,8 +157,25 @@ def test_the_limit_is_exactly_12_mib(server: Server) -> None:
     chunk = b" " * (1 << 20)
     chunks = [b"%x\r\n%s\r\n" % (len(raw), raw)] + [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * 12  # no final chunk
     head = b"POST /v1/systemone HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n\r\n"
-    status, headers, body = raw_exchange(server, head + b"".join(chunks))
-    assert status.startswith("HTTP/1.1 413") and headers["connection"] == "close" and list(body) == ["detail"]
+    response = exchange(server, head + b"".join(chunks))
+    assert response.status == 413 and response.headers["connection"] == "close" and list(response.json()) == ["detail"]
+
+
+def test_a_naive_client_sending_a_body_over_12_mib_reads_the_413(server: Server) -> None:
+    """The whole body written before a byte is read: it is read and discarded, the 413 arrives and
+    the connection closes in order."""
+    response = exchange(server, post_head(MAX_BODY + 1) + b" " * (MAX_BODY + 1), until_closed=True)
+    assert response.status == 413 and list(response.json()) == ["detail"]
+    assert response.json()["detail"] == f"the request body exceeds {MAX_BODY} bytes"
+    assert server.post(SMALL).status_code == 200
+
+
+@pytest.mark.parametrize(("raw", "reason"), FRAMING_ERRORS.values(), ids=FRAMING_ERRORS.keys())
+def test_http_framing_errors_get_a_detail_400(server: Server, raw: bytes, reason: str) -> None:
+    response = exchange(server, raw, until_closed=True)
+    assert response.status == 400 and response.headers["connection"] == "close"
+    body = response.json()
+    assert list(body) == ["detail"] and body["detail"].startswith(FRAMING_PREFIX + reason), body
 
 
 def _png_as_jpeg() -> str:
@@ -208,6 +214,9 @@ def test_contract_image_and_token_refusals_are_422(server: Server, model: Any, b
 
 def test_other_routes_refuse_with_a_detail_too(server: Server) -> None:
     assert detail(server.client.get("/v1/nothing"), 404) == "no route /v1/nothing"
+    assert detail(server.post(SMALL, PATH + "/"), 404) == f"no route {PATH}/ (routes have no trailing slash: {PATH})"
+    for surface in ("/v1/classify", "/v1/embeddings", "/v1/rerank", "/v1/bundle"):
+        assert detail(server.client.post(surface, json={"input": "x"}), 422).startswith(f"{surface} is not served here")
     response = server.client.get(PATH)
     assert detail(response, 405) == "GET is not allowed on /v1/systemone" and response.headers["allow"] == "POST"
 
@@ -286,6 +295,8 @@ def test_a_model_that_never_loads_is_never_ready(s1omni_home: Path, omnijev_pack
         assert server.client.get("/health").status_code == 503 and "no registry entry" in health["detail"]
         response = server.post(SMALL)
         assert detail(response, 503).startswith("the model is failed") and response.headers["retry-after"] == "1"
+        naive = exchange(server, post_head(4 << 20) + b" " * (4 << 20), until_closed=True)  # refused before its body
+        assert naive.status == 503 and naive.json()["detail"].startswith("the model is failed")
     finally:
         server.stop()
 
