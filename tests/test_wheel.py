@@ -85,7 +85,7 @@ def test_the_wheel_runs_the_pipeline_outside_the_source_tree(installed: tuple[Pa
     where = run([str(bin_dir / "python"), "-c", "import s1omni.calib, s1omni.server.openapi as m; print(m.__file__)"], work, env)
     assert where.startswith(str(bin_dir.parent)), f"s1omni was imported from {where}, not the wheel"
     s1omni = str(bin_dir / "s1omni")
-    # assert "0.1.0" in run([s1omni, "--version"], work, env)  # TEMP until --version lands
+    assert "validate" in run([s1omni, "--help"], work, env)  # the console script of the wheel's entry point
     members = run([str(bin_dir / "python"), "-m", "s1omni", "members"], work, env)
     assert "Vela-2.0-4B" in members
 
