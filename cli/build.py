@@ -13,8 +13,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--precision",
         choices=["fp32", "tf32", "bf16"],
-        help="onnxruntime/cuda only: fp32 (default; TF32 off), tf32 (TF32 tensor-core matmuls; float32 weights and state) "
-        "or bf16 (weight GEMMs in bfloat16 with float32 accumulation; everything else, the state included, float32)",
+        help="onnxruntime/cuda only: bf16 (default, the fastest: weight GEMMs in bfloat16 with float32 accumulation; everything "
+        "else, the state included, float32; the gpu-reduced gate), fp32 (TF32 off, for parity work; the gpu gate) "
+        "or tf32 (TF32 tensor-core matmuls; float32 weights and state; the gpu-reduced gate)",
     )
     parser.add_argument(
         "--gated-delta-kernel",
@@ -31,8 +32,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cuda-graphs",
-        action="store_true",
-        help="onnxruntime/cuda only: replay each shape of the smaller calls (up to "
+        action=argparse.BooleanOptionalAction,
+        help="onnxruntime/cuda only, on by default there: replay each shape of the smaller calls (up to "
         "s1omni.runtime.runners.cuda_graphs.MAX_GRAPH_TOKENS tokens) as a CUDA graph, one launch a run instead of thousands "
         "(widths rounded up to buckets of at most 12.5%% padding; the first run of each shape captures it)",
     )

@@ -7,11 +7,12 @@ execution provider options to run them with:
   reference's does; the fused rule's token-by-token rounding, though nearer float64, drifts 1.09e-5
   from the reference on one calibration case of the tiny member, past the 1e-5 CPU gate.
 - ``cuda``: the ``fused`` graphs where exported, each Gated DeltaNet layer one contrib node that
-  ``--gated-delta-kernel`` picks (``s1omni.export.cuda_kernels``), at ``--precision fp32`` (the default,
-  TF32 off), ``tf32`` or ``bf16`` (weight GEMMs in bfloat16, ``s1omni.export.bf16_gemms``). TF32 matmuls are
+  ``--gated-delta-kernel`` picks (``s1omni.export.cuda_kernels``), at ``--precision bf16`` (the default, the
+  fastest: weight GEMMs in bfloat16, ``s1omni.export.bf16_gemms``, held to the gpu-reduced gate), ``fp32``
+  (TF32 off; for parity work, the gpu gate) or ``tf32``. TF32 matmuls are
   faster but flipped 2 of 24 span sets of the 0.8B synthetic member on the H200, a GPU-gate miss
   (``benchmarks/h200-0.8B-kernels``). Their norms and sigmoids become single ONNX Runtime ops
-  (``s1omni.export.cuda_fusions``) unless ``--no-op-fusion``. With ``--cuda-graphs`` the runner replays each
+  (``s1omni.export.cuda_fusions``) unless ``--no-op-fusion``. By default (``--no-cuda-graphs`` turns it off) the runner replays each
   shape bucket as a CUDA graph (``s1omni.runtime.runners.cuda_graphs``): the manifest says so, and validation
   runs the engine that way.
 
@@ -49,9 +50,9 @@ ORT_TARGETS = ("cpu", "cuda")
 ORT_PRECISIONS = {
     "cpu": {"fp32": {}},
     "cuda": {
+        "bf16": {"use_tf32": 0, "cudnn_conv_algo_search": "HEURISTIC"},  # and the graphs' GEMMs in bfloat16
         "fp32": {"use_tf32": 0, "cudnn_conv_algo_search": "HEURISTIC"},
         "tf32": {"use_tf32": 1, "cudnn_conv_algo_search": "HEURISTIC"},
-        "bf16": {"use_tf32": 0, "cudnn_conv_algo_search": "HEURISTIC"},  # and the graphs' GEMMs in bfloat16
     },
 }
 BACKBONE = ("prefill", "continue")
@@ -138,16 +139,18 @@ def build(
     precision: str | None = None,
     kernel: str | None = None,
     op_fusion: bool = True,
-    cuda_graphs: bool = False,
+    cuda_graphs: bool | None = None,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
-    ``op_fusion`` (``s1omni.export.cuda_fusions``) and ``cuda_graphs`` (``s1omni.runtime.runners.cuda_graphs``)."""
+    ``op_fusion`` (``s1omni.export.cuda_fusions``) and ``cuda_graphs`` (``s1omni.runtime.runners.cuda_graphs``; None:
+    on for onnxruntime/cuda)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
     if cuda_graphs and (backend, target) != ("onnxruntime", "cuda"):
         raise SystemExit("s1omni build: --cuda-graphs is for onnxruntime/cuda")
+    cuda_graphs = (backend, target) == ("onnxruntime", "cuda") if cuda_graphs is None else cuda_graphs
     record: dict[str, Any]
     with staged_directory(out) as stage:
         if backend == "onnxruntime":

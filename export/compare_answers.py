@@ -4,9 +4,21 @@ Decisions are the choice key, the score's most probable level, a noul's side of 
 selected labels and a span question's set of (label, start, end). A decision's margin is the
 reference's top-two probability gap (choice, score) or twice its distance to the decision boundary
 (noul: 0.5; set: the nearest label to the threshold); gates with a margin hold only decisions at
-least that clear. Probabilities are every
-probability the answers report (choice and score probabilities, abstain, noul, set labels, the
-probability of spans both sides found).
+least that clear. Probabilities are every probability the answers report (choice and score
+probabilities, abstain, noul, set labels, the probability of spans both sides found).
+
+Failures fail the case at every gate, whatever the figures: an answer missing, extra, or an error
+where the reference answered (or the other way round), a probability that is not finite, other
+usage or other thresholds.
+
+Tie rule (``shared/DESIGN.md``, Numerical contract): a differing decision or span set whose only
+differing items lie, in the reference's probabilities, within twice the case's measured max |dp|
+of their boundary counts as identical and is listed as a tie. The items and their boundaries: a
+noul's probability and 0.5; each set label selected by one side only and the threshold; the two
+levels or options the sides chose and their midpoint (an argmax flips where they are equal); each
+span only one side found and the threshold, at its mean word probability (the reference's for a
+span only it found, the engine's for one only the engine found: the record keeps no word
+probabilities). A span set that differs otherwise (a label changed, a span split) is no tie.
 
 OmniJev answers (``compare_omnijev``) carry no ``type``: the kind shows in their fields. Their
 decisions are the choice key (with ``valid``), the score's level key and a noul's side of 0.5;
@@ -16,35 +28,106 @@ expectation is the expected level position, 0 at the first level and 1 at the la
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+Span = tuple[str, int, int]
 
 
 @dataclass
 class CaseStats:
     max_probability: float = 0.0
+    sum_probability: float = 0.0  # of |dp|, for the mean
+    probabilities: int = 0
     max_score: float = 0.0
     decisions: int = 0
-    same_decisions: int = 0
+    same_decisions: int = 0  # ties included
     margin_decisions: int = 0  # decisions whose reference top-two margin is at least the gate's margin
     same_margin_decisions: int = 0
     span_sets: int = 0
-    same_span_sets: int = 0
+    same_span_sets: int = 0  # ties included
     usage_equal: bool = True
-    problems: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # differing decisions and span sets
+    ties: list[str] = field(default_factory=list)
 
-    def probability(self, a: float, b: float) -> None:
-        self.max_probability = max(self.max_probability, abs(a - b))
+    @property
+    def mean_probability(self) -> float:
+        return self.sum_probability / self.probabilities if self.probabilities else 0.0
 
-    def decision(self, same: bool, top_two: float, margin: float, what: str) -> None:
-        """One decision; ``top_two`` is the reference's margin, held to the gate's ``margin``."""
-        self.decisions += 1
-        self.same_decisions += same
-        if top_two >= margin:
-            self.margin_decisions += 1
-            self.same_margin_decisions += same
-        if not same:
-            self.problems.append(what)
+
+@dataclass(frozen=True)
+class _Difference:
+    """A decision (or span set) as compared: ``distances`` of its differing items to their boundary, in
+    the reference's probabilities; None where no item explains the difference."""
+
+    same: bool
+    top_two: float
+    distances: tuple[float, ...] | None
+    what: str
+    span_set: bool = False
+
+
+class _Comparison:
+    """Collects one case's probabilities and decisions, then settles ties against its max |dp|."""
+
+    def __init__(self, reference: dict[str, Any], engine: dict[str, Any], margin: float):
+        self.stats = CaseStats(usage_equal=reference["usage"] == engine["usage"])
+        self.margin = margin
+        self.differences: list[_Difference] = []
+        if not self.stats.usage_equal:
+            self.stats.failures.append(f"usage {engine['usage']} != {reference['usage']}")
+
+    def probability(self, reference: float, engine: Any, where: str) -> None:
+        if not isinstance(engine, (int, float)) or not math.isfinite(engine):
+            self.stats.failures.append(f"{where}: probability {engine!r} is not finite")
+            return
+        difference = abs(reference - engine)
+        self.stats.max_probability = max(self.stats.max_probability, difference)
+        self.stats.sum_probability += difference
+        self.stats.probabilities += 1
+
+    def score(self, reference: float, engine: Any, where: str) -> None:
+        if not isinstance(engine, (int, float)) or not math.isfinite(engine):
+            self.stats.failures.append(f"{where}: score {engine!r} is not finite")
+            return
+        self.stats.max_score = max(self.stats.max_score, abs(reference - engine))
+
+    def decision(self, same: bool, top_two: float, distances: tuple[float, ...] | None, what: str) -> None:
+        self.differences.append(_Difference(same, top_two, distances, what))
+
+    def span_set(self, same: bool, distances: tuple[float, ...] | None, what: str) -> None:
+        self.differences.append(_Difference(same, 0.0, distances, what, span_set=True))
+
+    def keys(self, section: str, reference: dict[str, Any], engine: Any) -> list[str]:
+        """The keys both sides answered; a key only one side has is a failure."""
+        engine = engine if isinstance(engine, dict) else {}
+        for key in reference.keys() - engine.keys():
+            self.stats.failures.append(f"{section}{key}: no answer where the reference answered")
+        for key in engine.keys() - reference.keys():
+            self.stats.failures.append(f"{section}{key}: an answer the reference did not give")
+        return [key for key in reference if key in engine]
+
+    def finish(self) -> CaseStats:
+        stats, tolerance = self.stats, 2 * self.stats.max_probability
+        for item in self.differences:
+            tie = not item.same and bool(item.distances) and max(item.distances) <= tolerance  # type: ignore[arg-type]
+            same = item.same or tie
+            if tie:
+                stats.ties.append(f"{item.what} (tie: within {tolerance:.3g} of the boundary)")
+            elif not same:
+                stats.problems.append(item.what)
+            if item.span_set:
+                stats.span_sets += 1
+                stats.same_span_sets += same
+                continue
+            stats.decisions += 1
+            stats.same_decisions += same
+            if item.top_two >= self.margin:
+                stats.margin_decisions += 1
+                stats.same_margin_decisions += same
+        return stats
 
 
 def _margin(probabilities: dict[str, float]) -> float:
@@ -56,66 +139,84 @@ def _argmax(probabilities: dict[str, float]) -> str:
     return max(probabilities, key=lambda key: probabilities[key])
 
 
+def _flip(probabilities: dict[str, float], reference: str, engine: Any) -> tuple[float, ...] | None:
+    """Distance of the reference's pick and the engine's to their midpoint, in the reference's probabilities."""
+    if engine not in probabilities:
+        return None
+    return ((probabilities[reference] - probabilities[engine]) / 2,)
+
+
+def _noul(comparison: _Comparison, key: str, reference: float, engine: Any) -> None:
+    comparison.probability(reference, engine, key)
+    if not isinstance(engine, (int, float)):
+        return
+    same = (reference > 0.5) == (engine > 0.5)
+    comparison.decision(same, abs(reference - 0.5) * 2, (abs(reference - 0.5),), f"{key}: noul {engine:.6f} vs {reference:.6f}")
+
+
+def _levels(comparison: _Comparison, key: str, reference: dict[str, float], engine: Any) -> None:
+    engine = engine if isinstance(engine, dict) else {}
+    for level, p in reference.items():
+        comparison.probability(p, engine.get(level), f"{key}.{level}")
+
+
 def compare(reference: dict[str, Any], engine: dict[str, Any], margin: float) -> CaseStats:
-    stats = CaseStats(usage_equal=reference["usage"] == engine["usage"])
-    if not stats.usage_equal:
-        stats.problems.append(f"usage {engine['usage']} != {reference['usage']}")
-
-    probability = stats.probability
-
-    def decision(same: bool, top_two: float, what: str) -> None:
-        stats.decision(same, top_two, margin, what)
-
-    for key, ref in reference["answers"].items():
-        got = engine["answers"].get(key)
-        if got is None or ("error" in ref) != ("error" in got):
-            stats.problems.append(f"{key}: {got} vs {ref}")
-            stats.decisions += 1
+    comparison = _Comparison(reference, engine, margin)
+    failures = comparison.stats.failures
+    for key in comparison.keys("", reference["answers"], engine.get("answers")):
+        ref, got = reference["answers"][key], engine["answers"][key]
+        if ("error" in ref) != ("error" in got) or ref.get("error") != got.get("error"):
+            failures.append(f"{key}: {'error ' + str(got['error']) if 'error' in got else 'an answer'} "
+                            f"where the reference gave {'error ' + str(ref['error']) if 'error' in ref else 'an answer'}")  # fmt: skip
+        elif "error" in ref:
             continue
-        if "error" in ref:
-            decision(ref["error"] == got["error"], 1.0, f"{key}: error {got['error']} != {ref['error']}")
+        elif ref["type"] != got.get("type"):
+            failures.append(f"{key}: a {got.get('type')} answer where the reference gave a {ref['type']} answer")
         elif ref["type"] == "choice":
-            for option, p in ref["probabilities"].items():
-                probability(p, got["probabilities"][option])
-            probability(ref["abstain_probability"], got["abstain_probability"])
-            decision(ref["choice"] == got["choice"], _margin(ref["probabilities"]), f"{key}: {got['choice']} != {ref['choice']}")
+            _levels(comparison, key, ref["probabilities"], got.get("probabilities"))
+            comparison.probability(ref["abstain_probability"], got.get("abstain_probability"), f"{key}.abstain")
+            comparison.decision(ref["choice"] == got["choice"], _margin(ref["probabilities"]),
+                                _flip(ref["probabilities"], ref["choice"], got["choice"]), f"{key}: {got['choice']} != {ref['choice']}")  # fmt: skip
         elif ref["type"] == "score":
-            for level, p in ref["probabilities"].items():
-                probability(p, got["probabilities"][level])
-            stats.max_score = max(stats.max_score, abs(ref["score"] - got["score"]))
-            same = _argmax(ref["probabilities"]) == _argmax(got["probabilities"])
-            decision(same, _margin(ref["probabilities"]), f"{key}: level {_argmax(got['probabilities'])}")
+            _levels(comparison, key, ref["probabilities"], got.get("probabilities"))
+            comparison.score(ref["score"], got.get("score"), f"{key}.score")
+            want, have = _argmax(ref["probabilities"]), _argmax(got["probabilities"])
+            comparison.decision(want == have, _margin(ref["probabilities"]), _flip(ref["probabilities"], want, have),
+                                f"{key}: level {have} != {want}")  # fmt: skip
         else:
-            probability(ref["noul"], got["noul"])
-            same = (ref["noul"] > 0.5) == (got["noul"] > 0.5)
-            decision(same, abs(ref["noul"] - 0.5) * 2, f"{key}: noul {got['noul']:.6f} vs {ref['noul']:.6f}")
-    for key, ref in reference.get("sets", {}).items():
-        got = engine.get("sets", {}).get(key, {"selected": None})
-        threshold = reference["thresholds"][key]
+            _noul(comparison, key, ref["noul"], got.get("noul"))
+    thresholds = reference.get("thresholds", {})
+    for key in comparison.keys("sets.", reference.get("sets", {}), engine.get("sets")):
+        ref, got = reference["sets"][key], engine["sets"][key]
+        threshold = thresholds[key]
         nearest = min(abs(p - threshold) for p in ref["probabilities"].values()) * 2
-        decision(ref["selected"] == got["selected"], nearest, f"sets.{key}: {got['selected']} != {ref['selected']}")
-    for key, ref in reference.get("spans", {}).items():
-        got = engine.get("spans", {}).get(key, [])
-        ref_set = {(s["label"], s["start"], s["end"]): s["probability"] for s in ref}
-        got_set = {(s["label"], s["start"], s["end"]): s["probability"] for s in got}
-        stats.span_sets += 1
-        stats.same_span_sets += ref_set.keys() == got_set.keys()
-        if ref_set.keys() != got_set.keys():
-            stats.problems.append(_span_difference(key, ref_set, got_set, reference.get("thresholds", {}).get(key)))
-        for span in ref_set.keys() & got_set.keys():
-            probability(ref_set[span], got_set[span])
-    for key, ref in reference.get("thresholds", {}).items():
-        if abs(ref - engine.get("thresholds", {}).get(key, float("nan"))) > 1e-12:
-            stats.problems.append(f"thresholds.{key} differs")
-    return stats
+        flipped = set(ref["selected"]) ^ set(got["selected"])
+        distances = tuple(abs(ref["probabilities"][label] - threshold) for label in flipped) if flipped <= ref["probabilities"].keys() else None
+        comparison.decision(ref["selected"] == got["selected"], nearest, distances, f"sets.{key}: {got['selected']} != {ref['selected']}")
+    for key in comparison.keys("spans.", reference.get("spans", {}), engine.get("spans")):
+        _spans(comparison, key, reference["spans"][key], engine["spans"][key], thresholds.get(key))
+    for key in comparison.keys("thresholds.", thresholds, engine.get("thresholds")):
+        if abs(thresholds[key] - engine["thresholds"][key]) > 1e-12:
+            failures.append(f"thresholds.{key}: {engine['thresholds'][key]} != {thresholds[key]}")
+    return comparison.finish()
 
 
-def _span_difference(key: str, reference: dict[tuple[str, int, int], float], engine: dict[tuple[str, int, int], float],
-                     threshold: float | None) -> str:
+def _spans(comparison: _Comparison, key: str, reference: list[dict[str, Any]], engine: list[dict[str, Any]], threshold: float | None) -> None:
+    ref_set = {(s["label"], s["start"], s["end"]): s["probability"] for s in reference}
+    got_set = {(s["label"], s["start"], s["end"]): s["probability"] for s in engine}
+    for span in ref_set.keys() & got_set.keys():
+        comparison.probability(ref_set[span], got_set[span], f"spans.{key} {span[0]} [{span[1]}, {span[2]})")
+    only = [ref_set[span] for span in ref_set.keys() - got_set.keys()] + [got_set[span] for span in got_set.keys() - ref_set.keys()]
+    distances = tuple(abs(p - threshold) for p in only) if threshold is not None else None
+    what = _span_difference(key, ref_set, got_set, threshold) if only else f"spans.{key}"
+    comparison.span_set(not only, distances, what)
+
+
+def _span_difference(key: str, reference: dict[Span, float], engine: dict[Span, float], threshold: float | None) -> str:
     """A span set that differs, with the spans only one side found and their mean probabilities: a
     span that comes and goes with a word at the threshold shows a probability near it."""
 
-    def listed(spans: dict[tuple[str, int, int], float], others: dict[tuple[str, int, int], float]) -> str:
+    def listed(spans: dict[Span, float], others: dict[Span, float]) -> str:
         only = sorted(spans.keys() - others.keys(), key=lambda span: span[1])
         shown = ", ".join(f"{label} [{start}, {end}) p={spans[label, start, end]:.6f}" for label, start, end in only[:3])
         return shown + (f" and {len(only) - 3} more" if len(only) > 3 else "") if only else "none"
@@ -127,31 +228,28 @@ def _span_difference(key: str, reference: dict[tuple[str, int, int], float], eng
 
 def compare_omnijev(reference: dict[str, Any], engine: dict[str, Any], margin: float) -> CaseStats:
     """One OmniJev response against the reference's (answers in the reference's key order)."""
-    stats = CaseStats(usage_equal=reference["usage"] == engine["usage"])
-    if not stats.usage_equal:
-        stats.problems.append(f"usage {engine['usage']} != {reference['usage']}")
-    if reference["model"] != engine["model"]:
-        stats.decision(False, 1.0, margin, f"model {engine['model']} != {reference['model']}")
-    for key, ref in reference["answers"].items():
-        got = engine["answers"].get(key)
-        if got is None or got.keys() != ref.keys():
-            stats.decision(False, 1.0, margin, f"{key}: {got} vs {ref}")
+    comparison = _Comparison(reference, engine, margin)
+    failures = comparison.stats.failures
+    if reference["model"] != engine.get("model"):
+        failures.append(f"model {engine.get('model')} != {reference['model']}")
+    for key in comparison.keys("", reference["answers"], engine.get("answers")):
+        ref, got = reference["answers"][key], engine["answers"][key]
+        if got.keys() != ref.keys():
+            failures.append(f"{key}: fields {sorted(got)} where the reference gave {sorted(ref)}")
         elif "choice" in ref:
-            for option, p in ref["probabilities"].items():
-                stats.probability(p, got["probabilities"][option])
-            stats.probability(ref["abstain"], got["abstain"])
+            _levels(comparison, key, ref["probabilities"], got["probabilities"])
+            comparison.probability(ref["abstain"], got["abstain"], f"{key}.abstain")
             same = (ref["choice"], ref["valid"]) == (got["choice"], got["valid"])
-            stats.decision(same, _margin(ref["probabilities"]), margin, f"{key}: {got['choice']} != {ref['choice']}")
+            flip = _flip(ref["probabilities"], ref["choice"], got["choice"]) if ref["valid"] == got["valid"] else None
+            comparison.decision(same, _margin(ref["probabilities"]), flip, f"{key}: {got['choice']} != {ref['choice']}")
         elif "score" in ref:
-            for level, p in ref["probabilities"].items():
-                stats.probability(p, got["probabilities"][level])
-            stats.max_score = max(stats.max_score, abs(_expected_level(ref) - _expected_level(got)))
-            stats.decision(ref["score"] == got["score"], _margin(ref["probabilities"]), margin, f"{key}: level {got['score']} != {ref['score']}")
+            _levels(comparison, key, ref["probabilities"], got["probabilities"])
+            comparison.score(_expected_level(ref), _expected_level(got), f"{key}.score")
+            comparison.decision(ref["score"] == got["score"], _margin(ref["probabilities"]),
+                                _flip(ref["probabilities"], ref["score"], got["score"]), f"{key}: level {got['score']} != {ref['score']}")  # fmt: skip
         else:
-            stats.probability(ref["noul"], got["noul"])
-            same = (ref["noul"] > 0.5) == (got["noul"] > 0.5)
-            stats.decision(same, abs(ref["noul"] - 0.5) * 2, margin, f"{key}: noul {got['noul']:.6f} vs {ref['noul']:.6f}")
-    return stats
+            _noul(comparison, key, ref["noul"], got["noul"])
+    return comparison.finish()
 
 
 def _expected_level(answer: dict[str, Any]) -> float:

@@ -105,6 +105,7 @@ class TreeRunner(BaseRunner):
         self.backbone = backbone
         self.vision = vision
         self.iterations = 0
+        self.total: int | None = None  # the cases it will run, where known: its progress says "case 29/43"
 
     def activate_impl(self) -> None:
         pass
@@ -133,7 +134,8 @@ class TreeRunner(BaseRunner):
         self.inference_time = time.perf_counter() - start
         self.iterations += 1
         tokens = len(feed_dict["prefix_ids"]) + len(feed_dict["block_ids"])
-        print(f"{self.name}: case {self.iterations}: {len(trees)} trees, {tokens} tokens, {self.inference_time * 1e3:.1f} ms",
+        of = f"/{self.total}" if self.total else ""
+        print(f"{self.name}: case {self.iterations}{of}: {len(trees)} trees, {tokens} tokens, {self.inference_time * 1e3:.1f} ms",
               file=sys.stderr, flush=True)  # fmt: skip
         rows = [block for tree in hidden for block in tree]
         width = self.backbone.hidden_size

@@ -1,13 +1,15 @@
 """``s1omni validate ENG``: an engine against the torch reference, at the tensor and the answer level.
 
-Tensor level: Polygraphy's comparator over the hidden states at every readout, the engine's
-``TreeRunner`` against the reference's saved ``RunResults``. Answer level: the engine's JSON answers
-against the reference's, with the member's gates for the engine's precision (``calib/<family>/gates.json``):
-same token ids and readouts everywhere, same usage, decisions identical (all of them on the CPU in
-float32; on a GPU where the reference's top-two margin is at least the gate's margin), probabilities within
-the gate, score expectations within the gate, and enough identical span sets. The validator prints
-a table per case, records the report in the engine's manifest and fails on any miss; an engine
-without a passing report is never served. How a family's cases are fed, run and compared is
+The engine's precision and device pick its gate (``s1omni.runtime.engine.engine_gate``: ``cpu-fp32``,
+``gpu`` or ``gpu-reduced``), judged by ``s1omni.export.gate`` with the family's bounds
+(``calib/<family>/gates.json``). The engine answers the calibration cases through Polygraphy's
+runner protocol (its ``TreeRunner``); its hidden states at every readout and its answers are held
+against the float32 reference's record and, on a GPU, beside the BF16 reference's (the same torch
+runner under BF16 autocast, on the same cases), both made once from ``--package`` and then reused
+(``s1omni.export.reference``: where records are kept and when one is reused). The validator prints
+a table per case, records the verdict in the engine's manifest (the gate, its version and rule, the
+validator's version, the BF16 reference's figures) and fails on any miss; an engine without a
+standing passed verdict is never served. How a family's cases are fed, run and compared is
 ``s1omni.export.case_io``'s (OmniJev: from pixels, with the image features as a second tensor, unrounded).
 """
 
@@ -15,55 +17,56 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from polygraphy.comparator import Comparator, CompareFunc, RunResults
+from polygraphy.comparator import Comparator, RunResults
 
-from s1omni.runtime.engine import load_engine_model, read_manifest, record_validation
+from s1omni.runtime.engine import VALIDATOR_VERSION, current_gate, load_engine_model, read_manifest, record_validation
 
-from .compare_answers import CaseStats
 from .families import export_family
-from .reference import REFERENCE_RUNNER, answers_from, case_feeds, compared, layout_digest, load_cases, load_reference, make_reference
+from .gate import CaseRecord, judge
+from .reference import (
+    REFERENCE_RUNNER, answers_from, case_feeds, cases_digest, compared, find_record, layout_digest, load_cases,
+    load_reference, make_reference, record_dir, reference_roots,
+)  # fmt: skip
 
 from s1omni.calib import CALIB
 
 
-def reference_dir(family: str, member: str) -> Path:
-    return CALIB / family / "reference" / member
+def recorded_cases(record: dict[str, Any], results: RunResults) -> list[CaseRecord]:
+    """A saved reference record's cases, as the gate compares them."""
+    return [
+        CaseRecord(case["name"], case["layout"], compared(case), dict(outputs), case["usage"]["input_tokens"])
+        for case, outputs in zip(record["cases"], results[REFERENCE_RUNNER], strict=True)
+    ]
 
 
 def _reference(engine_dir: Path, manifest: dict[str, Any], cases: list[dict[str, Any]], package: str | None,
-               where: Path, device: str) -> tuple[dict[str, Any], RunResults]:  # fmt: skip
-    """The saved record for this member and these cases, made from ``package`` when absent or stale."""
-    identity = manifest["member"]
-    if (where / "answers.json").is_file():
-        record, results = load_reference(where)
-        if record["member"]["model_sha256"] == identity["model_sha256"] and [c["name"] for c in record["cases"]] == [
-            c["name"] for c in cases
-        ]:
-            return record, results
-    if package is None:
-        raise SystemExit(f"s1omni validate: no reference record in {where}; pass --package PKG to make one")
-    from s1omni.runtime.api import load_model
-    from s1omni.runtime.runners.torch_runner import release_gpu_memory
+               roots: list[Path], device: str, precision: str) -> tuple[dict[str, Any], list[CaseRecord]]:  # fmt: skip
+    """The saved record of this member and these cases on ``device`` at ``precision``, made from
+    ``package`` into the first root when none matches."""
+    identity, digest = manifest["member"], cases_digest(cases)
+    where = find_record(roots, identity["model_sha256"], digest, device, precision)
+    if where is None:
+        if package is None:
+            raise SystemExit(f"s1omni validate: no {device}-{precision} reference record of these cases in "
+                             f"{' or '.join(map(str, roots))}; pass --package PKG to make one")  # fmt: skip
+        from s1omni.runtime.api import load_model
+        from s1omni.runtime.runners.torch_runner import release_gpu_memory
 
-    model = load_model(package, device=device, precision="fp32")
-    if model.identity.model_sha256 != identity["model_sha256"]:
-        raise SystemExit(f"s1omni validate: {package} is not the package {engine_dir} was built from")
-    make_reference(model, cases, where)
-    del model
-    release_gpu_memory()  # before the engine runs beside it
-    return load_reference(where)
-
-
-def _gate(manifest: dict[str, Any], family: str) -> tuple[str, dict[str, Any]]:
-    gates = json.loads((CALIB / family / "gates.json").read_text(encoding="utf-8"))
-    # The design's two gates: float32 on the CPU, and every GPU engine (its kernels reorder float32
-    # sums, and BF16 engines round further).
-    name = "cpu-fp32" if manifest.get("device", "cpu") == "cpu" and manifest["precision"] == "fp32" else "gpu"
-    return name, gates[name]
+        model = load_model(package, device=device, precision=precision)
+        if model.identity.model_sha256 != identity["model_sha256"]:
+            raise SystemExit(f"s1omni validate: {package} is not the package {engine_dir} was built from")
+        if (model.device, model.runner.precision) != (device, precision):  # a record must be what its name says
+            raise SystemExit(f"s1omni validate: the {manifest['family']} reference runs at {model.runner.precision} on "
+                             f"{model.device}, not {precision} on {device}")  # fmt: skip
+        where = record_dir(roots[0], device, precision)
+        make_reference(model, cases, where)
+        del model
+        release_gpu_memory()  # before the engine runs beside it
+    record, results = load_reference(where)
+    return record, recorded_cases(record, results)
 
 
 def validate(
@@ -72,98 +75,93 @@ def validate(
     package: str | None = None,
     report_path: str | Path | None = None,
     reference: str | Path | None = None,
-    reference_device: str = "cpu",
+    reference_device: str | None = None,
 ) -> bool:
+    """Validate the engine and record the verdict; ``reference_device`` (default the engine's) runs the float32 reference."""
     engine_dir = Path(engine_dir)
     engine = load_engine_model(engine_dir, allow_unvalidated=True)  # checks every pinned file once
     manifest = read_manifest(engine_dir)
     family, member = manifest["family"], manifest["member"]["name"]
     cases = load_cases(cases_path or CALIB / family)
-    record, reference_results = _reference(
-        engine_dir, manifest, cases, package, Path(reference) if reference else reference_dir(family, member), reference_device
-    )
-    gate_name, gate = _gate(manifest, family)
+    gate = current_gate(manifest)
+    device = manifest.get("device", "cpu")
+    roots = reference_roots(family, member, reference)
+    record, expected = _reference(engine_dir, manifest, cases, package, roots, reference_device or device, "fp32")
+    # The BF16 reference: the reference's own GPU mode, beside the float32 one wherever the engine runs on a GPU.
+    bf16 = _reference(engine_dir, manifest, cases, package, roots, "cuda", "bf16") if device == "cuda" else None
     print(f"validate {member}: {manifest['backend']}/{manifest['target']} ({manifest['precision']}) against "
-          f"{record['runner']['name']}/{record['runner']['device']}, gate {gate_name}, {len(cases)} cases", file=sys.stderr, flush=True)  # fmt: skip
+          f"{record['runner']['name']}/{record['runner']['device']}, gate {gate['name']}, {len(cases)} cases", file=sys.stderr, flush=True)  # fmt: skip
     io = export_family(family).cases
     plans, feeds = case_feeds(engine, cases)
     runner = io.runner(engine)
+    runner.total = len(cases)
     results = Comparator.run([runner], data_loader=feeds)
-    combined = RunResults()
-    combined.append((REFERENCE_RUNNER, reference_results[REFERENCE_RUNNER]))
-    combined.append((runner.name, results[runner.name]))
-    accuracy = Comparator.compare_accuracy(combined, compare_func=CompareFunc.simple(**gate["tensor"]))
-    tensor = next(iter(accuracy[0].values()))  # one compare function, one runner pair: per-iteration results
     answers = answers_from(engine, plans, results[runner.name])
-    rows, passed = [], bool(accuracy)
-    totals = CaseStats()
-    for case, plan, (response, values), expected, outputs in zip(cases, plans, answers, record["cases"], tensor, strict=True):
-        stats = io.compare(compared(expected), values, gate["decision_margin"])
-        same_layout = layout_digest(plan) == expected["layout"]
-        hidden = outputs["hidden"]
-        ok = (
-            same_layout and stats.usage_equal and all(bool(result) for result in outputs.values())
-            and stats.max_probability <= gate["max_probability"] and stats.max_score <= gate["max_score"]
-            and stats.same_margin_decisions == stats.margin_decisions
-        )  # fmt: skip
-        passed &= ok
-        _accumulate(totals, stats)
-        rows.append(
-            {"case": case["name"], "tokens": response["usage"]["input_tokens"], "same_layout": same_layout,
-             "hidden_max_abs": float(hidden.max_absdiff), "hidden_max_rel": float(hidden.max_reldiff),
-             **({"image_max_abs": float(outputs["image_embeds"].max_absdiff)} if "image_embeds" in outputs else {}),
-             "max_probability": stats.max_probability, "max_score": stats.max_score,
-             "decisions": f"{stats.same_decisions}/{stats.decisions}", "span_sets": f"{stats.same_span_sets}/{stats.span_sets}",
-             "passed": ok, "problems": stats.problems[:5]}  # fmt: skip
-        )
-    span_share = totals.same_span_sets / totals.span_sets if totals.span_sets else 1.0
-    passed &= span_share >= gate["span_sets"]
-    _print_table(rows)
+    ran = [
+        CaseRecord(case["name"], layout_digest(plan), values, dict(outputs), response["usage"]["input_tokens"])
+        for case, plan, (response, values), outputs in zip(cases, plans, answers, results[runner.name], strict=True)
+    ]
+    verdict = judge(gate["name"], gate, io.compare, expected, ran, bf16[1] if bf16 else None)
+    print_table(verdict["table"], bf16 is not None)
+    print_summary(verdict, gate["name"])
+    passed = verdict["passed"]
     report = {
         "passed": passed,
-        "gate": {"name": gate_name, **gate},
-        "reference": {"runner": record["runner"], "member": record["member"]["name"]},
+        "gate": gate,
+        "validator_version": VALIDATOR_VERSION,
+        "reference": {"runner": record["runner"], "member": record["member"]["name"], "cases_sha256": record["cases_sha256"]},
+        "bf16_reference": {"runner": bf16[0]["runner"], "figures": _bf16_figures(verdict["figures"])} if bf16 else None,
         "cases": len(cases),
-        "summary": {
-            "max_probability": totals.max_probability,
-            "max_score": totals.max_score,
-            "hidden_max_abs": max(row["hidden_max_abs"] for row in rows),
-            **({"image_max_abs": max(row["image_max_abs"] for row in rows)} if "image_max_abs" in rows[0] else {}),
-            "decisions": f"{totals.same_decisions}/{totals.decisions}",
-            "margin_decisions": f"{totals.same_margin_decisions}/{totals.margin_decisions}",
-            "span_sets": f"{totals.same_span_sets}/{totals.span_sets}",
-            "layouts_identical": all(row["same_layout"] for row in rows),
-            "usage_identical": totals.usage_equal,
-        },
-        "table": rows,
+        "failures": verdict["failures"],
+        "summary": verdict["summary"],
+        "figures": verdict["figures"],
+        "table": verdict["table"],
     }
-    print(f"{'PASSED' if passed else 'FAILED'}: {json.dumps(report['summary'])}", file=sys.stderr)
     if report_path:
         Path(report_path).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     record_validation(engine_dir, {k: v for k, v in report.items() if k != "table"})
     return passed
 
 
-def _accumulate(totals: CaseStats, stats: CaseStats) -> None:
-    for name, value in asdict(stats).items():
-        if name == "problems":
-            continue
-        if name.startswith("max_"):
-            setattr(totals, name, max(getattr(totals, name), value))
-        elif name == "usage_equal":
-            totals.usage_equal &= value
-        else:
-            setattr(totals, name, getattr(totals, name) + value)
+def _bf16_figures(figures: dict[str, Any]) -> dict[str, Any]:
+    return {name: figure["bf16"] for name, figure in figures.items() if "bf16" in figure}
 
 
-def _print_table(rows: list[dict[str, Any]]) -> None:
-    header = f"{'case':28} {'tokens':>7} {'layout':>6} {'hidden |d|':>11} {'max |dp|':>10} {'decisions':>9} {'spans':>6}  result"
+def _cell(value: float | None) -> str:
+    return f"{'-':>9}" if value is None else f"{value:9.2e}"
+
+
+def print_table(rows: list[dict[str, Any]], bf16: bool) -> None:
+    """One line per case: the hidden states' relative L2 and the max |dp| (engine, BF16 reference where
+    there is one, bound), decisions, span sets; under it what failed, what differs and the ties."""
+    columns = ("engine", "bf16", "bound") if bf16 else ("engine", "bound")
+    figures = " ".join(f"{name:>9}" for name in columns)
+    print(f"{'':36} {'':>7} {'hidden relative L2':^{10 * len(columns) - 1}} {'max |dp|':^{10 * len(columns) - 1}}")
+    header = f"{'case':36} {'tokens':>7} {figures} {figures} {'decisions':>9} {'spans':>6}  result"
     print(header)
     print("-" * len(header))
-    for row in rows:
-        print(
-            f"{row['case']:28} {row['tokens']:7d} {'same' if row['same_layout'] else 'DIFF':>6} {row['hidden_max_abs']:11.3e} "
-            f"{row['max_probability']:10.3e} {row['decisions']:>9} {row['span_sets']:>6}  {'ok' if row['passed'] else 'MISS'}"
-        )
-        for problem in row["problems"]:  # a passed case's too: a span set or a decision under the margin that differs
-            print(f"{'':30}{problem}")
+    for index, row in enumerate(rows, 1):
+        hidden = row["tensors"].get("hidden", {}).get("rel_l2")
+        cells = [_cell(hidden)] + ([_cell(row["bf16"]["tensors"].get("hidden", {}).get("rel_l2"))] if bf16 else [])
+        cells.append(_cell(row["tensor_bounds"].get("hidden", {}).get("rel_l2")))
+        cells += [_cell(row["max_probability"])] + ([_cell(row["bf16"]["max_probability"])] if bf16 else [])
+        cells.append(_cell(row.get("probability_bound")))
+        name = f"{index}/{len(rows)} {row['case']}"
+        print(f"{name:36} {row['tokens']:7d} {' '.join(cells)} {row['decisions']:>9} {row['span_sets']:>6}  {'ok' if row['passed'] else 'MISS'}")
+        for line in row["failures"] + row["problems"] + row["ties"]:  # a passed case's too: what differs, and why it passed
+            print(f"{'':38}{line}")
+
+
+def print_summary(verdict: dict[str, Any], gate: str) -> None:
+    """The run's figures, engine against its bound (and the BF16 reference's), then PASSED or FAILED with every failure."""
+    for name, figure in verdict["figures"].items():
+        compared = f"/{figure['compared']}" if "compared" in figure else ""
+        bf16 = f"  BF16 reference {_number(figure['bf16'])}{compared}" if "bf16" in figure else ""
+        bound = "" if figure["bound"] is None else f"  bound {'>=' if compared else '<='} {_number(figure['bound'])}"
+        print(f"{name.replace('_', ' '):18} engine {_number(figure['engine'])}{compared}{bf16}{bound}", file=sys.stderr)
+    verdict_line = f"{'PASSED' if verdict['passed'] else 'FAILED'} gate {gate}"
+    print(verdict_line + "".join(f"\n  {failure}" for failure in verdict["failures"]), file=sys.stderr)
+
+
+def _number(value: float) -> str:
+    return f"{value:d}" if isinstance(value, int) else f"{value:.3g}"

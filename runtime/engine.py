@@ -10,8 +10,10 @@ engines/<member>/<backend>/<target>/
 
 Every file an engine loads is pinned by SHA-256 in its manifest, like a package. A runner refuses an
 engine built for another compute capability, library version or member revision. An engine whose
-manifest does not record passed validation gates is refused unless explicitly allowed (the
-validator itself loads it that way).
+manifest does not record a passed validation is refused unless explicitly allowed (the validator
+itself loads it that way), and so is one validated under another gate than its precision and device
+call for (``engine_gate``), another version or rule of that gate (``calib/<family>/gates.json``), or
+another validator version (``VALIDATOR_VERSION``): each asks for validation again.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from s1omni.calib import CALIB
+
 from .digest import sha256_file
 from .errors import PackageError
 from .families import family
@@ -29,6 +33,9 @@ from .registry import Registry
 
 FORMAT = "s1omni-engine/1"
 MANIFEST = "manifest.json"
+# The validator's checks: raised whenever what they hold an engine to changes (2: failures fail every
+# gate, tensors per case, the tie rule, gpu-reduced against the BF16 reference).
+VALIDATOR_VERSION = 2
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -86,9 +93,53 @@ def verify_files(path: Path, manifest: dict[str, Any]) -> None:
             raise PackageError(f"{name} differs from {path / MANIFEST}; rebuild the engine")
 
 
-def validated(manifest: dict[str, Any]) -> bool:
+def engine_gate(manifest: dict[str, Any]) -> str:
+    """The gate an engine is held to: ``cpu-fp32`` (float32 on the CPU), ``gpu`` (float32 on CUDA) or
+    ``gpu-reduced`` (any other precision: bf16, tf32, fp16, fp8, mixed)."""
+    precision = manifest.get("precision", "fp32")
+    if precision != "fp32":
+        return "gpu-reduced"
+    return "cpu-fp32" if manifest.get("device", "cpu") == "cpu" else "gpu"
+
+
+def current_gate(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The gate an engine is held to now, as the validator records it: its name and its entry in the family's gates."""
+    name = engine_gate(manifest)
+    gates = json.loads((CALIB / str(manifest.get("family")) / "gates.json").read_text(encoding="utf-8"))
+    return {"name": name, **gates[name]}
+
+
+def validation_problem(manifest: dict[str, Any]) -> str | None:
+    """Why the manifest's validation does not stand (None when it does)."""
     report = manifest.get("validation") or {}
-    return bool(report.get("passed"))
+    if not report.get("passed"):
+        return "has not passed validation"
+    if report.get("validator_version") != VALIDATOR_VERSION:
+        return f"was validated by validator version {report.get('validator_version')}, not the current {VALIDATOR_VERSION}"
+    recorded, current = report.get("gate") or {}, current_gate(manifest)
+    if recorded.get("name") != current["name"]:
+        return f"passed the {recorded.get('name')} gate, but its precision and device call for {current['name']}"
+    if recorded != current:
+        return (f"was validated against version {recorded.get('version')} of the {current['name']} gate, which has changed "
+                f"since (its bounds or rule; now version {current['version']})")  # fmt: skip
+    return None
+
+
+def validated(manifest: dict[str, Any]) -> bool:
+    return validation_problem(manifest) is None
+
+
+def served_validation(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a served engine's card says of its numerics: the gate it met, and ``approximate`` for reduced precision."""
+    report = manifest["validation"]
+    gate = report["gate"]
+    return {
+        "numerics": "approximate" if gate["name"] == "gpu-reduced" else "exact",
+        "gate": gate["name"],
+        "gate_version": gate["version"],
+        "rule": gate["rule"],
+        "validator_version": report["validator_version"],
+    }
 
 
 def engine_runner(path: Path, manifest: dict[str, Any], device: str, embedding: Any = None):
@@ -123,10 +174,10 @@ def load_engine_model(
     """The member's model over the engine's runner; refuses unvalidated or altered engines."""
     path = Path(path)
     manifest = read_stage(path, "engine")
-    if not allow_unvalidated and not validated(manifest):
-        raise PackageError(
-            f"the engine {path} has not passed validation; run `s1omni validate {path} --package PKG` first"
-        )
+    face = family(manifest.get("family"))  # an unknown family before its gates are looked for
+    problem = None if allow_unvalidated else validation_problem(manifest)
+    if problem:
+        raise PackageError(f"the engine {path} {problem}; run `s1omni validate {path} --package PKG` first")
     member = manifest["member"]
     registry = registry or Registry.load()
     known = registry.get(member["name"])
@@ -135,4 +186,7 @@ def load_engine_model(
             f"the engine {path} was built from {member['name']}@{member['revision']}, but the registry pins "
             f"{known.revision}; rebuild it with `s1omni export` and `s1omni build`"
         )
-    return family(manifest.get("family")).from_engine(path, manifest, device)
+    model = face.from_engine(path, manifest, device)
+    if not allow_unvalidated:
+        model.validation = served_validation(manifest)  # for its card
+    return model

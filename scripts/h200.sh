@@ -90,7 +90,7 @@ if wants build; then
     stamp "build onnxruntime/cuda $(name "$variant")"
     precision=${variant#*:} flags=()
     if has "$precision" unfused; then flags+=(--no-op-fusion); fi
-    if has "$precision" graphs; then flags+=(--cuda-graphs); fi
+    if has "$precision" graphs; then flags+=(--cuda-graphs); else flags+=(--no-cuda-graphs); fi  # graphs are the build default
     s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "${variant%:*}" --precision "${precision%%/*}" \
       "${flags[@]}" --out "$(engine "$variant")"
   done

@@ -28,8 +28,11 @@ needs_cuda = pytest.mark.skipif(not cuda_engine_available(), reason="needs a CUD
 
 
 def build_cuda_engine(exported: Path, out: Path, *options: str) -> str:
-    """``s1omni build EXPORT --backend onnxruntime --target cuda OPTIONS``; returns its progress (stderr)."""
-    return s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", *options, "--out", str(out)).stderr
+    """``s1omni build EXPORT --backend onnxruntime --target cuda OPTIONS``; returns its progress (stderr).
+    Float32 without CUDA graphs unless ``options`` say otherwise: the CPU EP runs no bfloat16 GEMM."""
+    parity = [*(() if "--precision" in options else ("--precision", "fp32")),
+              *(() if {"--cuda-graphs", "--no-cuda-graphs"} & set(options) else ("--no-cuda-graphs",))]  # fmt: skip
+    return s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", *parity, *options, "--out", str(out)).stderr
 
 
 def validate_on_the_cpu(engine: Path, package: Path, report: Path) -> dict[str, Any]:

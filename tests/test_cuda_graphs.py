@@ -155,7 +155,7 @@ def test_graphed_engine_answers_as_the_reference_on_the_cpu(exported: Path, tiny
     report = validate_on_the_cpu(engine, tiny_vela, tmp_path / "report.json")
     summary = report["summary"]
     assert report["gate"]["name"] == "cpu-fp32" and summary["layouts_identical"] and summary["usage_identical"]
-    assert summary["decisions"] == "342/342" and summary["span_sets"] == "24/24", summary
+    assert summary["decisions"] == "340/340" and summary["span_sets"] == "26/26", summary  # the 4 refused questions are held apart, not counted
     assert summary["max_probability"] <= 1e-5 and summary["max_score"] <= 1e-5, summary
 
 

@@ -139,6 +139,7 @@ def warmup_png() -> bytes:
 
 class OmniJevModel:
     family = "omnijev"
+    validation: dict[str, Any] | None = None  # a validated engine's: the gate it met (``runtime.engine.served_validation``)
 
     def __init__(
         self,
@@ -187,7 +188,8 @@ class OmniJevModel:
 
     def card(self) -> dict[str, Any]:
         identity = self.identity
-        return {
+        validation = {"validation": self.validation} if self.validation is not None else {}
+        return validation | {
             "id": self.id,
             "object": "model",
             "family": self.family,

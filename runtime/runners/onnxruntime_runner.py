@@ -62,6 +62,15 @@ def providers(device: str, device_id: int, options: Mapping[str, object]) -> lis
     return ["CPUExecutionProvider"]
 
 
+def session_options(device: str) -> onnxruntime.SessionOptions:
+    """The backbone sessions' options: on the CPU without ONNX Runtime's memory arena, which keeps the
+    largest call's buffers (grown in powers of two) for the session's life: validating the tiny member
+    peaked at 7.0 GB with it and 3.0 GB without, in the same CPU time."""
+    options = onnxruntime.SessionOptions()
+    options.enable_cpu_mem_arena = device != "cpu"
+    return options
+
+
 def embed(table: np.ndarray, prefixes: Sequence[Prefix], ids: np.ndarray) -> np.ndarray:
     """``[B, W, H]``: the left-padded prefix ids looked up in ``table``, image features at their placeholders."""
     embeds = table[ids]
@@ -123,8 +132,9 @@ class OnnxRuntimeRunner:
         chosen = providers(self.device, self._device_id, provider_options or {})
         capture = {"enable_cuda_graph": 1} if cuda_graphs and self.device == "cuda" else {}
         backbone = providers(self.device, self._device_id, {**(provider_options or {}), **capture})
-        self._prefill = onnxruntime.InferenceSession(str(engine_dir / "prefill.onnx"), providers=backbone)
-        self._continue = onnxruntime.InferenceSession(str(engine_dir / "continue.onnx"), providers=backbone)
+        options = session_options(self.device)
+        self._prefill = onnxruntime.InferenceSession(str(engine_dir / "prefill.onnx"), options, providers=backbone)
+        self._continue = onnxruntime.InferenceSession(str(engine_dir / "continue.onnx"), options, providers=backbone)
         self._graphs = (
             (GraphedSession(self._prefill, self.device, self._device_id), GraphedSession(self._continue, self.device, self._device_id))
             if cuda_graphs

@@ -104,6 +104,7 @@ def head_tensors(package: VerifiedPackage) -> dict[str, np.ndarray]:
 
 class Vela2Model:
     family = "vela2"
+    validation: dict[str, Any] | None = None  # a validated engine's: the gate it met (``runtime.engine.served_validation``)
 
     def __init__(
         self,
@@ -191,6 +192,8 @@ class Vela2Model:
         }
         if identity.synthetic:
             card["weights"] = "random (synthetic member)"
+        if self.validation is not None:
+            card["validation"] = self.validation
         return card
 
     def numerics(self) -> str:
