@@ -2,7 +2,7 @@
 # EXTRAS picks the install: the CPU build of ONNX Runtime by default; on a CUDA machine
 # `make EXTRAS=gpu,bench,test` (one ONNX Runtime build per install: cpu or gpu, never both).
 PYTHON ?= python3
-EXTRAS ?= cpu,bench,test,tensorrt-rtx
+EXTRAS ?= cpu,bench,test,tensorrt-rtx,ray
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed

@@ -38,7 +38,7 @@ from starlette.types import ASGIApp
 
 from s1omni.runtime.errors import RequestError
 
-from . import wire
+from . import openapi, wire
 from .access import CLIENT_CLOSED, Access
 from .service import Service
 
@@ -156,6 +156,7 @@ def create_app(service: Service) -> ASGIApp:
         Route("/health", health, methods=["GET"]),
         Route("/health/live", live, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *openapi.routes(family.name),
     ]
     paths = frozenset(route.path for route in routes)
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed}, lifespan=lifespan)

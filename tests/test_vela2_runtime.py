@@ -141,7 +141,10 @@ def test_per_question_errors_are_answered_in_place(tiny_model) -> None:
     assert list(answers) == ["ok", "blank", "few", "odd", "t", "broad"]
     assert answers["blank"] == {"type": "noul", "error": "invalid_question", "message": "instructions must not be empty or whitespace"}
     assert answers["few"]["error"] == "invalid_question" and "2 to 255" in answers["few"]["message"]
-    assert answers["odd"]["message"] == "set questions do not take ['colour']"
+    assert answers["odd"]["message"] == (
+        "set questions do not take ['colour']: "
+        "a set question takes criteria (or labels), instructions, over, overflow, require_full_input, threshold"
+    )
     assert answers["t"]["message"] == "threshold must be a number in [0, 1]"
     assert answers["broad"]["error"] == "invalid_question"
     assert answers["ok"]["type"] == "noul" and "error" not in answers["ok"]

@@ -32,6 +32,13 @@ OPTION_CHARS = 200
 # Text the reference would read as image or option markers, moving the readouts.
 RESERVED_TOKENS = ("<|opt|>", "<|/opt|>", "<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 BUSY = "the worker is busy"
+# The fields each question kind takes, and those of a choice's option (refused messages list them).
+FIELDS = {
+    "noul": ("type", "instructions", "region"),
+    "choice": ("type", "instructions", "options", "criteria"),
+    "score": ("type", "instructions", "levels", "criteria"),
+}
+OPTION_FIELDS = ("key", "text", "region", "abstain")
 
 
 # The project's request error code for each status OmniJev answers with (for logs and metrics).
@@ -167,18 +174,14 @@ def _allowed(question: dict[str, Any], keys: tuple[str, ...], message: str) -> N
 
 
 def _noul(question: dict[str, Any]) -> tuple[list[str], list[str]]:
-    _allowed(question, ("type", "instructions", "region"), "Noul supports type, instructions and region")
+    _allowed(question, FIELDS["noul"], "Noul supports type, instructions and region")
     # Python truthiness, as the reference's ``if q.get("region")``: null, {}, "", [], 0, false mean none.
     text = _region(question["region"]) if question.get("region") else ""
     return ["yes"], [text]
 
 
 def _score(question: dict[str, Any]) -> tuple[list[str], list[str]]:
-    _allowed(
-        question,
-        ("type", "instructions", "levels", "criteria"),
-        "Score supports type, instructions, levels and criteria",
-    )
+    _allowed(question, FIELDS["score"], "Score supports type, instructions, levels and criteria")
     if "levels" in question and "criteria" in question:
         raise _refuse("Score takes levels or criteria, not both")
     if "levels" in question:
@@ -202,7 +205,7 @@ def _choice_options(entries: Any) -> tuple[list[str], list[str]]:
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise _refuse("an option must be an object")
-        _allowed(entry, ("key", "text", "region", "abstain"), "an option supports key, text, region and abstain")
+        _allowed(entry, OPTION_FIELDS, "an option supports key, text, region and abstain")
         if "abstain" in entry and not isinstance(entry["abstain"], bool):
             raise _refuse("abstain must be a boolean")
         if entry.get("abstain"):
@@ -230,11 +233,7 @@ def _choice_criteria(criteria: Any) -> tuple[list[str], list[str]]:
 
 
 def _choice(question: dict[str, Any]) -> tuple[list[str], list[str]]:
-    _allowed(
-        question,
-        ("type", "instructions", "options", "criteria"),
-        "Choice supports type, instructions, options and criteria",
-    )
+    _allowed(question, FIELDS["choice"], "Choice supports type, instructions, options and criteria")
     if "options" in question and "criteria" in question:
         raise _refuse("Choice takes options or criteria, not both")
     if "options" in question:

@@ -42,6 +42,8 @@ FIELDS = {
     "set": {"type", "instructions", "criteria", "labels", "threshold", "require_full_input"},
     "span": {"type", "instructions", "criteria", "labels", "threshold", "head", "require_full_input"},
 }
+# Each kind's ordered alternative to a criteria object or list (the Router config's form).
+LISTED = {"choice": "choices", "noul": "choices", "score": "levels", "set": "labels", "span": "labels"}
 FAMILY_FIELDS = {"over", "preset", "overflow"}
 PRESET_FIELDS = {"preset", "type", "over", "threshold", "overflow"}
 # How a question reads a part longer than the scan budget: in windows up to the budget (``window``,
@@ -259,6 +261,13 @@ def resolve_over(over: Any, state: State) -> tuple[str | tuple[str, ...], tuple[
     return (ordered[0] if len(ordered) == 1 else ordered), span_range
 
 
+def taken_fields(kind: str) -> str:
+    """What a ``kind`` question takes, for the message that refuses another field."""
+    names = sorted(FIELDS[kind] - {"type", LISTED[kind]} | FAMILY_FIELDS - {"preset"})
+    listed = ", ".join(f"criteria (or {LISTED[kind]})" if name == "criteria" else name for name in names)
+    return f"a {kind} question takes {listed}"
+
+
 def default_over(kind: str, state: State) -> str | tuple[str, ...]:
     roles = state.roles
     if kind == "span":
@@ -308,7 +317,7 @@ class QuestionReader:
             raise _invalid(f"type must be one of {list(QUESTION_TYPES)}")
         unknown = set(question) - FIELDS[kind] - FAMILY_FIELDS
         if unknown:
-            raise _invalid(f"{kind} questions do not take {sorted(unknown)}")
+            raise _invalid(f"{kind} questions do not take {sorted(unknown)}: {taken_fields(kind)}")
         full_input = question.get("require_full_input", False)
         if not isinstance(full_input, bool):
             raise _invalid("require_full_input must be a boolean")
@@ -360,7 +369,7 @@ class QuestionReader:
         kind: str, question: dict[str, Any], level_names: list[str] | None
     ) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
         criteria = question.get("criteria")
-        alternative = {"choice": "choices", "noul": "choices", "score": "levels"}.get(kind, "labels")
+        alternative = LISTED[kind]
         if question.get(alternative) is not None:
             if criteria is not None:
                 raise _invalid(f"use criteria or {alternative}, not both")
