@@ -143,7 +143,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         # Known before the load, so that even a request refused while it loads gets the family's form.
         family = detect_family(Path(path)) if args.package else read_manifest(path)["family"]
-        source = ModelSource(Path(path).name, lambda: load_model(path, Registry.load(args.registry), args.device), family=family)
+        # Only plain values in the loader: a Ray replica gets it pickled, and args holds more than these.
+        registry, device = args.registry, args.device
+        source = ModelSource(Path(path).name, lambda: load_model(path, Registry.load(registry), device), family=family)
     given = _given_vela_only(args)
     if source.family != "vela2" and given:
         raise UsageError(f"{', '.join(given)} apply to Vela 2.0 members only, not to {source.family}")

@@ -23,7 +23,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import contextlib
     import os
+    import sys
 
     from s1omni.export.validate import validate
     from s1omni.runtime.engine import read_manifest
@@ -31,7 +33,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.registry:
         os.environ["S1OMNI_REGISTRY"] = args.registry
-    passed = validate(args.engine, args.cases, args.package, args.report, args.reference, args.reference_device)
+    # Under --json stdout carries the result alone: the table goes to stderr with the verdict.
+    with contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext():
+        passed = validate(args.engine, args.cases, args.package, args.report, args.reference, args.reference_device)
     # The report as the engine's manifest records it (without the per-case table: --report has that).
     report = read_manifest(args.engine)["validation"]
     emit(args, {"engine": args.engine, **report}, None)  # validate printed its table and verdict

@@ -23,12 +23,11 @@ from s1omni.calib import CALIB
 from s1omni.runtime import progress
 from s1omni.runtime.digest import sha256_json
 from s1omni.runtime.registry import home
-from s1omni.runtime.staging import staged_directory
+from s1omni.runtime.staging import REFERENCE_FILES, staged_directory
 
 from .families import export_family
 
-HIDDEN = "hidden.json"
-ANSWERS = "answers.json"
+ANSWERS, HIDDEN = REFERENCE_FILES
 REFERENCE_RUNNER = "torch-reference"
 
 
@@ -113,7 +112,7 @@ def make_reference(model, cases: list[dict[str, Any]], out: Path) -> None:
             for case, plan, (response, values) in zip(cases, plans, answers, strict=True)
         ],
     }
-    with staged_directory(out) as stage:  # never half a record: hidden states of one run beside answers of another
+    with staged_directory(out, "reference") as stage:  # never half a record: hidden states of one run beside answers of another
         results.save(str(stage / HIDDEN))
         (stage / ANSWERS).write_text(json.dumps(record, ensure_ascii=False, indent=1, allow_nan=False) + "\n", encoding="utf-8")
 

@@ -31,9 +31,11 @@ KINDS = {
     "export": "s1omni export",
     "backbone": "backbone export (s1omni.export.onnx_export)",
     "engine": "s1omni build",
+    "reference": "s1omni validate (a reference record)",
 }
 _STAGE_SUFFIXES = (".partial", ".old")
 BACKBONE_RECORD = "export.json"
+REFERENCE_FILES = ("answers.json", "hidden.json")  # a reference record: its answers and its hidden states
 
 
 def is_output(path: Path, kind: str) -> bool:
@@ -47,6 +49,8 @@ def is_output(path: Path, kind: str) -> bool:
         present = set(present_files(path))
         if kind == "package":
             return present <= layout_files(path)
+        if kind == "reference":
+            return present <= set(REFERENCE_FILES)
         if kind == "backbone":
             weights = read_json(path / BACKBONE_RECORD).get("weights")
             return all(name.endswith(".onnx") or name in (BACKBONE_RECORD, weights) for name in present)

@@ -107,11 +107,12 @@ def test_1_when_an_engine_misses_its_gate(exported: Path, tiny_vela: Path, tmp_p
     passed = s1omni(*args, "--package", str(tiny_vela))
     report = json.loads(passed.stdout)
     assert report["passed"] and report["gate"]["name"] == "cpu-fp32" and report["cases"] == 1
-    record = json.loads((reference / "answers.json").read_text(encoding="utf-8"))
+    saved = reference / "cpu-fp32" / "answers.json"  # the float32 CPU record under --reference
+    record = json.loads(saved.read_text(encoding="utf-8"))
     answers = record["cases"][0]["response"]["answers"]
     noul = next(name for name, answer in answers.items() if answer["type"] == "noul")
     answers[noul]["noul"] = 1.0 - answers[noul]["noul"]
-    (reference / "answers.json").write_text(json.dumps(record), encoding="utf-8")
+    saved.write_text(json.dumps(record), encoding="utf-8")
     missed = run_s1omni(*args)
     assert missed.returncode == 1, missed.stderr
     assert json.loads(missed.stdout)["passed"] is False  # the result on stdout, the table moved to stderr
