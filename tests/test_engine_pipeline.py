@@ -106,10 +106,12 @@ def validation(engine: Path, tiny_vela: Path, tmp_path_factory: pytest.TempPathF
 
 def test_validate_meets_the_cpu_gate_and_records_it(engine: Path, validation: tuple[subprocess.CompletedProcess[str], dict]) -> None:
     """Against the reference record shipped in calib/ (not made again: its member, cases, device and
-    precision match), the case total in the progress, the gate and the validator's version in the manifest."""
+    precision match), the case total in the progress and the table, the gate and the validator's version
+    in the manifest."""
     result, report = validation
     assert "golden" in result.stdout and "MISS" not in result.stdout and "PASSED gate cpu-fp32" in result.stderr
-    assert "torch-reference" not in result.stderr and f"case {len(CASES)}/{len(CASES)}:" in result.stderr
+    assert f"{len(CASES)} cases on torch" not in result.stderr and f"gate cpu-fp32, {len(CASES)} cases" in result.stderr
+    assert f"\n{len(CASES)}/{len(CASES)} " in result.stdout  # the table numbers every case against the total
     assert report["passed"] and report["gate"]["name"] == "cpu-fp32" and report["cases"] == len(CASES)
     assert report["summary"]["max_probability"] <= 1e-5 and report["summary"]["layouts_identical"]
     assert report["summary"]["hidden_rel_l2"] <= report["gate"]["tensor"]["rel_l2"] and report["bf16_reference"] is None
