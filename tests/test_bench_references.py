@@ -78,6 +78,16 @@ out = {"status_cuda": references.fla_status("cuda"), "status_cpu": references.fl
 q, k, v = (torch.randn(1, 5, 2, 16) for _ in range(3))
 modeling.torch_chunk_gated_delta_rule(q, k, v, g=-torch.rand(1, 5, 2), beta=torch.rand(1, 5, 2))
 out["import_time_choice"] = list(fake.CALLS)  # transformers' own pick at import: the installed fla
+
+
+class Rule(torch.nn.Module):
+    def forward(self, q, k, v, g, beta):
+        return modeling.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, chunk_size=4)[0]  # a short trace
+
+
+fake.CALLS.clear()
+torch.export.export(Rule(), (q, k, v, -torch.rand(1, 5, 2), torch.rand(1, 5, 2)), strict=False)
+out["export_calls"] = list(fake.CALLS)  # transformers' wrapper takes the torch path under torch.export
 module_functions = {name: getattr(modeling, name) for name in ("torch_chunk_gated_delta_rule", "causal_conv1d_fn")}
 
 model = load_model(sys.argv[1])  # the reference validation and serving load: no kernels named
@@ -125,7 +135,7 @@ def test_an_importable_fla_gives_the_fla_subject_its_functions_and_the_reference
     assert out["status_cuda"] == {"available": True, "version": "0.0.0+simulated", "reason": None}
     assert out["status_cpu"]["available"] is False and "CUDA devices only" in out["status_cpu"]["reason"]
     # transformers itself took the installed fla at import; the reference still never calls it.
-    assert out["import_time_choice"] == ["chunk"]
+    assert out["import_time_choice"] == ["chunk"] and out["export_calls"] == []
     assert out["reference"]["calls"] == [] and out["reference"]["kernels"] == "torch"
     assert out["reference+fla"]["calls"] == ["chunk", "recurrent"] and out["reference+fla"]["kernels"] == "fla"
     torch_module = "transformers.models.qwen3_5.modeling_qwen3_5"

@@ -12,12 +12,18 @@ torch functions otherwise (``transformers:integrations/hub_kernels.py``,
 forward looks its four functions (two rules, two causal convolutions) up by module-level name at
 call time, and every call of a runner binds those names to its own functions, under one
 process-wide lock, and puts the module's back afterwards. ``torch`` (the default) binds
-transformers' torch functions (unwrapped from the import-time wrapper), so the reference that
-validation holds engines to stays the readable torch path on a machine with FLA installed;
-``fla`` binds FLA's two rules (its Triton kernels, CUDA only) and keeps the torch convolutions
-(FLA ships no ``causal_conv1d``). Two runners of one model (``with_kernels``) share its weights.
-``torch.export`` never runs through a runner, and transformers' wrapper runs the torch function
-while exporting, so the export path never reaches FLA.
+transformers' torch functions (unwrapped from the import-time wrapper); ``fla`` binds FLA's two
+rules (its Triton kernels, CUDA only) and keeps the torch convolutions (FLA ships no
+``causal_conv1d``). Two runners of one model (``with_kernels``) share its weights.
+
+Validation, serving and the export's check load the default, on a machine with FLA installed
+too: the numerics reference is the readable torch path, the one the gates were measured against
+and the same code on the CPU and the GPU, whose float32 arithmetic is the model's definition;
+FLA's kernels are one fast implementation with their own accumulation order (and their own
+faults), and an engine held to them would be held to another engine. FLA's speed is timed by
+``s1omni bench`` (``s1omni.bench.references``). The export never reaches FLA: it traces the
+model with its own token mixers (``s1omni.export.patches``), and transformers' wrapper runs the
+torch function under ``torch.export`` anyway.
 """
 
 from __future__ import annotations
