@@ -243,9 +243,11 @@ def test_fla_kernels_match_the_fallback_within_bf16(tiny_vela: Path) -> None:
         errors[what] = (relative(fla_out, torch_out), relative(fla_out, fp32_out), relative(torch_out, fp32_out))
         assert not np.array_equal(fla_out, torch_out), f"{what}: FLA's kernels did not run (identical to the fallback)"
     for what, (fla_torch, fla_fp32, torch_fp32) in errors.items():
-        # BF16 keeps 8 bits: a relative error of a few 1e-3 per rounding; FLA is held to the fallback's own BF16 error.
-        assert fla_torch < 2e-2, (what, errors)
-        assert fla_fp32 <= 2 * torch_fp32 + 5e-3, (what, errors)
+        # BF16 keeps 8 bits (a relative rounding of 2**-9 to 2**-8 per operation), and FLA runs its chunk
+        # products on BF16 inputs where the fallback upcasts to float32, so FLA is held to a few times the
+        # fallback's own BF16 error; a wiring fault (the scale, the layout, a dropped state) is off by 0.1 or more.
+        assert fla_torch < 3e-2, (what, errors)
+        assert fla_fp32 <= 3 * torch_fp32 + 1e-2, (what, errors)
 
 
 @pytest.mark.gpu
