@@ -1,6 +1,8 @@
 """The benchmark record: machine facts, the JSON file, and its plot.
 
 The plot is drawn from the record alone, so it can be redrawn from a committed record anywhere.
+Format 2 added the reference subjects (``references``: the torch fallback, and ``reference+fla``
+where flash-linear-attention ran) and took every engine's ratio against the faster one.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-FORMAT = "s1omni-bench/1"
+FORMAT = "s1omni-bench/2"
 NAN = float("nan")  # a figure a run lacks (every request failed) is left out of the plot
-PACKAGES = ("torch", "transformers", "onnxruntime", "onnxruntime-gpu", "numpy", "tokenizers", "starlette", "uvicorn", "httpx")
+PACKAGES = (
+    "torch", "transformers", "onnxruntime", "onnxruntime-gpu", "numpy", "tokenizers", "starlette", "uvicorn", "httpx",
+    "flash-linear-attention", "fla-core", "triton",
+)  # fmt: skip
 
 
 def _cpu_model() -> str | None:
@@ -100,14 +105,23 @@ def write(record: dict[str, Any], out: Path) -> Path:
     return path
 
 
-def _bars(ax: Any, groups: dict[str, dict[str, Any]], subjects: list[str], title: str) -> None:
-    """p50 as a solid bar and p95 as a light bar behind it, one group per label, one colour per subject."""
+def label(name: str, facts: dict[str, Any]) -> str:
+    """A subject's name, with its kernels for a reference (``reference+fla [torch+fla 0.6.0]``)."""
+    if "kernels" not in facts:
+        return name
+    version = f" {facts['fla_version']}" if facts.get("fla_version") else ""
+    return f"{name} [{facts['kernels']}{version}]"
+
+
+def _bars(ax: Any, groups: dict[str, dict[str, Any]], subjects: dict[str, str], title: str) -> None:
+    """p50 as a solid bar and p95 as a light bar behind it, one group per label, one colour per subject
+    (``subjects``: name to legend label)."""
     width = 0.8 / len(subjects)
-    for i, subject in enumerate(subjects):
+    for i, (subject, shown) in enumerate(subjects.items()):
         x = [j + (i - (len(subjects) - 1) / 2) * width for j in range(len(groups))]
         summaries = [group.get(subject, {}) for group in groups.values()]
-        ax.bar(x, [s.get("p95_ms", NAN) for s in summaries], width, color=f"C{i}", alpha=0.3, label=f"{subject} p95")
-        ax.bar(x, [s.get("p50_ms", NAN) for s in summaries], width * 0.6, color=f"C{i}", label=f"{subject} p50")
+        ax.bar(x, [s.get("p95_ms", NAN) for s in summaries], width, color=f"C{i}", alpha=0.3, label=f"{shown} p95")
+        ax.bar(x, [s.get("p50_ms", NAN) for s in summaries], width * 0.6, color=f"C{i}", label=f"{shown} p50")
     ax.set_xticks(range(len(groups)), list(groups), rotation=30, ha="right")
     ax.set_yscale("log")
     ax.set_ylabel("latency (ms, log)")
@@ -130,13 +144,15 @@ def plot(record: dict[str, Any], path: Path) -> Path:
     figure.suptitle(f"{record['member']['id']} on {record['settings']['device']} ({record['started'][:19]}Z)")
     if workloads:
         groups = {entry["name"]: entry["results"] for entry in workloads}
-        _bars(axes.pop(0), groups, list(record["subjects"]), "in process (runner.run or model.answer)")
+        subjects = {name: label(name, facts) for name, facts in record["subjects"].items()}
+        _bars(axes.pop(0), groups, subjects, "in process (runner.run or model.answer)")
     if runs:
         subjects = list(dict.fromkeys(run["subject"] for run in runs))
         levels = sorted({run["concurrency"] for run in runs})
         table = {(run["subject"], run["concurrency"]): run for run in runs}
         groups = {f"c={level}": {subject: table.get((subject, level), {}) for subject in subjects} for level in levels}
-        _bars(axes.pop(0), groups, subjects, f"HTTP, {record['http']['workload']} (closed loop)")
+        shown = {name: label(name, record["subjects"].get(name, {})) for name in subjects}
+        _bars(axes.pop(0), groups, shown, f"HTTP, {record['http']['workload']} (closed loop)")
         ax = axes.pop(0)
         for i, subject in enumerate(subjects):
             ax.plot(

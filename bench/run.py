@@ -1,10 +1,12 @@
 """``s1omni bench``: the torch reference and each engine given, timed in one run, as one record.
 
-In process, the reference (loaded from the package: BF16 autocast on CUDA, float32 on the CPU) and
-every engine run the same workloads one after another in the same process; then, with ``http``,
-each is served by its own ``s1omni serve`` subprocess in turn and loaded by closed-loop clients.
-Every ratio compares figures of this run only. The record (``bench.json``) is written after each
-step, so a run that breaks keeps what it measured; the plot (``bench.png``) is drawn at the end.
+In process, the reference (loaded from the package: BF16 autocast on CUDA, float32 on the CPU), on
+CUDA the same reference with flash-linear-attention's Gated DeltaNet kernels where FLA imports
+(``references``), and every engine run the same workloads one after another in the same process;
+then, with ``http``, each is served by its own ``s1omni serve`` subprocess in turn and loaded by
+closed-loop clients. Every ratio compares figures of this run only, an engine's against the faster
+reference of the workload. The record (``bench.json``) is written after each step, so a run that
+breaks keeps what it measured; the plot (``bench.png``) is drawn at the end.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from s1omni.runtime.progress import note, track
 from s1omni.runtime.registry import Registry
 from s1omni.runtime.runners.torch_runner import release_gpu_memory
 
-from . import http_load, records, workloads as catalogue
+from . import http_load, records, references, workloads as catalogue
 from .http_load import BenchFailed
+from .references import REFERENCE, REFERENCES
 from .stats import now, ratios
-from .workloads import REFERENCE, Workload
+from .workloads import Workload
 
 PROFILE_ITERATIONS = 5
 MEMBER_KEYS = ("id", "family", "repo", "revision", "model_sha256", "manifest_sha256", "parameters", "weights")
@@ -103,11 +106,19 @@ def member_facts(card: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_subjects(
-    settings: Settings, registry: Registry, names: Sequence[str], manifests: Sequence[dict[str, Any]]
+    settings: Settings,
+    registry: Registry,
+    names: Sequence[str],
+    manifests: Sequence[dict[str, Any]],
+    reference_names: Sequence[str],
 ) -> dict[str, Any]:
-    """The reference from the package, then each engine, all in this process; refuses another member's engine."""
+    """The reference from the package (and its other kernels' twins), then each engine, all in this process;
+    refuses another member's engine."""
     note(f"loading the reference from {settings.package} on {settings.device}")
     models = {REFERENCE: load_model(settings.package, registry, settings.device, settings.reference_precision)}
+    for name in reference_names[1:]:
+        note(f"{name}: the reference's model through {references.KERNELS[name]} kernels")
+        models[name] = references.with_kernels(models[REFERENCE], name)
     revision = models[REFERENCE].card()["revision"]
     for name, path, manifest in zip(names[1:], settings.engines, manifests, strict=True):
         member = manifest["member"]
@@ -123,7 +134,7 @@ def load_subjects(
 def profile(chosen: Workload, models: dict[str, Any], warmup: int) -> dict[str, Any]:
     from .profiler import capture
 
-    subject = next((name for name in models if name != REFERENCE), REFERENCE)
+    subject = next((name for name in models if name not in REFERENCES), REFERENCE)
     call = chosen.call(models[subject])
     for _ in range(warmup + 1):
         call()
@@ -140,13 +151,15 @@ def in_process(
     record: dict[str, Any],
 ) -> None:
     """Every workload on every subject in this process, then the profile; the record grows as they finish."""
-    models = load_subjects(settings, Registry.load(settings.registry), names, manifests)
+    fla = record["references"]["fla"]
+    models = load_subjects(settings, Registry.load(settings.registry), names, manifests, record["references"]["subjects"])
     record["member"] = member_facts(models[REFERENCE].card())
     for name, model in models.items():
         record["subjects"][name] |= {
             "runner": model.runner.name,
             "device": model.runner.device,
             "precision": model.runner.precision,
+            **(references.kernel_facts(model.runner, fla) if name in REFERENCES else {}),
         }
     for chosen in track(workloads, "in-process workloads", unit="workload"):
         record["workloads"].append(catalogue.measure(chosen, models, settings.requests, settings.warmup, note))
@@ -173,6 +186,7 @@ def http(
         "warmup": settings.warmup,
         "concurrency": list(settings.concurrency),
         "servers": {},
+        "reference_kernels": "torch",  # s1omni serve loads the package's reference with its default kernels
         "skipped": {},
         "runs": [],
         "ratios": {},
@@ -204,7 +218,8 @@ def http(
 
 
 def http_ratios(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float | None]]]:
-    """Per engine and concurrency, engine / reference of p50, p95 and requests/s, from these runs."""
+    """Per engine and concurrency, engine / reference of p50, p95 and requests/s, from these runs (the
+    served reference is the fallback's: ``s1omni serve`` has no FLA reference)."""
     table = {(run["subject"], run["concurrency"]): run for run in runs}
     out: dict[str, dict[str, dict[str, float | None]]] = {}
     for (name, level), run in table.items():
@@ -226,6 +241,10 @@ def bench(settings: Settings) -> dict[str, Any]:
     if served is not None and (served.body is None or served.copies > 1):
         raise UsageError("--http-workload must be one request (router, long-span or a case name; the clients merge)")
     names = subject_names(manifests)
+    fla = references.fla_status(settings.device)
+    reference_names = references.reference_names(fla) if workloads or profiled else [REFERENCE]  # only in process
+    if fla["reason"]:
+        note(f"no {references.FLA_REFERENCE} in this run: {fla['reason']}")
     settings.out.mkdir(parents=True, exist_ok=True)
     record: dict[str, Any] = {
         "format": records.FORMAT,
@@ -235,8 +254,9 @@ def bench(settings: Settings) -> dict[str, Any]:
         "settings": {key: value for key, value in asdict(settings).items() if key != "command"},
         "machine": records.machine(),
         "member": None,
+        "references": {"subjects": reference_names, "fla": fla, "ratios_against": "the faster reference of each workload, by p50"},
         "subjects": {
-            REFERENCE: {"package": str(settings.package)},
+            **{name: {"package": str(settings.package)} for name in reference_names},
             **{
                 name: engine_facts(path, manifest)
                 for name, path, manifest in zip(names[1:], settings.engines, manifests, strict=True)

@@ -29,7 +29,8 @@ from s1omni.runtime.errors import UsageError
 from s1omni.runtime.families import family as family_of
 from s1omni.runtime.runners.base import Block, Prefix, Tree
 
-from .stats import now, ratios, summarize, time_calls, to_ms
+from .references import REFERENCE, ratio_note, workload_ratios
+from .stats import now, summarize, time_calls, to_ms
 
 from s1omni.calib import CALIB
 BACKBONE = re.compile(r"backbone-(\d+)")
@@ -41,7 +42,6 @@ ALIASES = {"router": "router-signals-600", "long-span": "span-windowed-long"}
 BLOCK_TOKENS = 8
 # Token ids drawn below this: every member's vocabulary has them (the tiny synthetic one has 2,048).
 ID_CEILING = 1000
-REFERENCE = "reference"
 
 
 @dataclass(frozen=True)
@@ -161,7 +161,7 @@ def measure(
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
     """Each subject in turn, same inputs: one checked feasibility call and ``warmup`` calls, excluded, then
-    ``requests`` timed calls; ratios against the reference from these very samples."""
+    ``requests`` timed calls; ratios against the faster reference from these very samples."""
     entry: dict[str, Any] = {"name": workload.name, **workload.facts, "started": now(), "results": {}}
     reference = subjects[REFERENCE]
     if workload.body is not None:
@@ -174,7 +174,7 @@ def measure(
         summary = summarize(to_ms(samples), wall)
         entry["results"][name] = {**summary, "feasibility": 1, "warmup": warmup, "answer_errors": errors}
         progress(f"{workload.name} {name}: p50 {summary['p50_ms']:.3f} ms, p95 {summary['p95_ms']:.3f} ms ({requests} samples)")
-    results = entry["results"]
-    entry["ratios"] = {name: ratios(results[name], results[REFERENCE]) for name in results if name != REFERENCE}
+    entry |= workload_ratios(entry["results"])
+    progress(ratio_note(entry))
     entry["finished"] = now()
     return entry

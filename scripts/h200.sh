@@ -17,9 +17,11 @@
 #             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16; tf32; suffixes: "/unfused"
 #             builds with --no-op-fusion, "/graphs" with --cuda-graphs, e.g. fp32/graphs)
 #   validate  each engine at the GPU gate against the float32 torch reference on the same GPU
-#   bench     the validated engines against the BF16 torch reference in the same run; over HTTP
-#             too when $HTTP lists concurrency levels (e.g. HTTP=1,8,16); ALLOW_UNVALIDATED=1 times
-#             engines that missed their gate (in process only: the server refuses them)
+#   bench     the validated engines against the BF16 torch reference in the same run (timed twice
+#             where flash-linear-attention imports: the torch fallback and reference+fla, its Triton
+#             kernels; ratios against the faster); over HTTP too when $HTTP lists concurrency levels
+#             (e.g. HTTP=1,8,16); ALLOW_UNVALIDATED=1 times engines that missed their gate (in
+#             process only: the server refuses them)
 #
 # Results land in OUT: validate-SIZE-KERNEL[-PRECISION].txt/.json, bench.json, bench.png and the logs.
 #

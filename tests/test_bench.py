@@ -46,7 +46,7 @@ def record(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[d
 
 def test_record_structure(record: tuple[dict, Path]) -> None:
     data, out = record
-    assert data["format"] == "s1omni-bench/1"
+    assert data["format"] == "s1omni-bench/2"
     assert data["started"] <= data["finished"]
     assert data["failures"] == 0
     machine = data["machine"]
@@ -55,6 +55,13 @@ def test_record_structure(record: tuple[dict, Path]) -> None:
     assert data["member"]["id"] == "vela2-synth-tiny-s0"
     reference = data["subjects"][REFERENCE]
     assert (reference["runner"], reference["device"], reference["precision"]) == ("torch", "cpu", "fp32")
+    # On the CPU the fallback is the only reference, and the record says why.
+    assert (reference["kernels"], reference["fla_version"]) == ("torch", None)
+    assert set(reference["layer_functions"].values()) == {"transformers.models.qwen3_5.modeling_qwen3_5"}
+    fla = data["references"]["fla"]
+    assert data["references"]["subjects"] == [REFERENCE] and list(data["subjects"]) == [REFERENCE]
+    assert fla["available"] is False and fla["version"] is None and "CUDA devices only" in fla["reason"]
+    assert data["http"]["reference_kernels"] == "torch"
     assert [entry["name"] for entry in data["workloads"]] == ["backbone-32", "noul-default", "noul-default@2"]
     first, single, merged = data["workloads"]
     assert (first["prefix_tokens"], first["block_tokens"], first["input_tokens"]) == (32, 8, 40)
@@ -69,6 +76,7 @@ def test_record_structure(record: tuple[dict, Path]) -> None:
 def test_in_process_percentiles_are_nearest_rank(record: tuple[dict, Path]) -> None:
     for entry in record[0]["workloads"]:
         assert list(entry["results"]) == [REFERENCE] and entry["ratios"] == {}
+        assert entry["ratio_reference"] == REFERENCE and entry["reference_ratios"] == {}
         check_summary(entry["results"][REFERENCE], 3)
 
 

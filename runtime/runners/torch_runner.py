@@ -4,14 +4,38 @@ On the CPU it runs in float32; on a GPU it follows the reference dtype policy (f
 BF16 autocast; the model's own code keeps the gated-delta gates and norms in float32). The
 prefix runs once with a cache; the blocks of a tree continue from copies of that cache in one
 right-padded batch, so each block sees the prefix and itself only.
+
+Gated DeltaNet kernels (``kernels``). transformers picks the layers' gated delta rules when its
+Qwen3.5 module is imported: flash-linear-attention's (``fla``) where ``import fla`` works, its own
+torch functions otherwise (``transformers:integrations/hub_kernels.py``,
+``use_kernel_func_from_hub_with_fallback``). The runner does not take that choice: the layer's
+forward looks its four functions (two rules, two causal convolutions) up by module-level name at
+call time, and every call of a runner binds those names to its own functions, under one
+process-wide lock, and puts the module's back afterwards. ``torch`` (the default) binds
+transformers' torch functions (unwrapped from the import-time wrapper); ``fla`` binds FLA's two
+rules (its Triton kernels, CUDA only) and keeps the torch convolutions (FLA ships no
+``causal_conv1d``). Two runners of one model (``with_kernels``) share its weights.
+
+Validation, serving and the export's check load the default, on a machine with FLA installed
+too: the numerics reference is the readable torch path, the one the gates were measured against
+and the same code on the CPU and the GPU, whose float32 arithmetic is the model's definition;
+FLA's kernels are one fast implementation with their own accumulation order (and their own
+faults), and an engine held to them would be held to another engine. FLA's speed is timed by
+``s1omni bench`` (``s1omni.bench.references``). The export never reaches FLA: it traces the
+model with its own token mixers (``s1omni.export.patches``), and transformers' wrapper runs the
+torch function under ``torch.export`` anyway.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import gc
-from collections.abc import Sequence
+import importlib
+import inspect
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +47,69 @@ from ..errors import EnvironmentMissing
 from .base import Block, Prefix, Tree, pad_blocks, run_one_by_one, text_positions
 
 BACKBONE_PREFIX = "backbone."
+KERNELS = ("torch", "fla")
+FLA_RULES_MODULE = "fla.ops.gated_delta_rule"
+# The module-level names ``Qwen3_5GatedDeltaNet.forward`` calls, and FLA's function for the two rules.
+FLA_RULES = {"torch_chunk_gated_delta_rule": "chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule": "fused_recurrent_gated_delta_rule"}
+LAYER_FUNCTIONS = (*FLA_RULES, "causal_conv1d_fn", "causal_conv1d_update")
+_BINDING = threading.Lock()  # one runner's functions bound at a time
+
+
+def _qwen3_5():
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    return modeling_qwen3_5
+
+
+def _own_arguments(function: Callable) -> Callable:
+    """``function`` given only the keyword arguments it names (the layer passes the torch rules' extras),
+    as transformers' own wrapper calls it."""
+    accepted = inspect.signature(function).parameters
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        return function(*args, **{key: value for key, value in kwargs.items() if key in accepted})
+
+    return call
+
+
+def layer_functions(kernels: str) -> dict[str, Callable]:
+    """What each of ``LAYER_FUNCTIONS`` is bound to while a runner of ``kernels`` runs."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels {kernels!r}: one of {', '.join(KERNELS)}")
+    modeling = _qwen3_5()
+    functions = {name: inspect.unwrap(getattr(modeling, name)) for name in LAYER_FUNCTIONS}
+    if kernels == "fla":
+        try:
+            rules = importlib.import_module(FLA_RULES_MODULE)
+        except Exception as exc:  # not installed, or its Triton fails to load
+            raise EnvironmentMissing(f"flash-linear-attention does not import here ({type(exc).__name__}: {exc})") from exc
+        functions |= {name: _own_arguments(getattr(rules, fla_name)) for name, fla_name in FLA_RULES.items()}
+    expected = {name: "fla." if kernels == "fla" and name in FLA_RULES else modeling.__name__ for name in LAYER_FUNCTIONS}
+    for name, function in functions.items():  # by the function object's own module, not by how it was found
+        if not inspect.unwrap(function).__module__.startswith(expected[name]):
+            raise RuntimeError(f"{name} resolved to {inspect.unwrap(function).__module__}, not {expected[name]}")
+    return functions
+
+
+def function_modules(functions: dict[str, Callable]) -> dict[str, str]:
+    """The module that defines each bound function (``fla.ops.gated_delta_rule.chunk``, ``transformers...``)."""
+    return {name: inspect.unwrap(function).__module__ for name, function in functions.items()}
+
+
+@contextlib.contextmanager
+def bound(functions: dict[str, Callable]) -> Iterator[None]:
+    """The layer's module-level functions replaced by ``functions`` for the block, the module's own back after."""
+    modeling = _qwen3_5()
+    with _BINDING:
+        saved = {name: getattr(modeling, name) for name in functions}
+        try:
+            for name, function in functions.items():
+                setattr(modeling, name, function)
+            yield
+        finally:
+            for name, function in saved.items():
+                setattr(modeling, name, function)
 
 
 def text_config(backbone_config: dict[str, Any]):
@@ -83,8 +170,9 @@ def release_gpu_memory() -> None:
 class TorchRunner:
     name = "torch"
 
-    def __init__(self, model, device: str = "cpu", precision: str | None = None):
-        """``precision`` bf16 (the reference's GPU policy: BF16 autocast) or fp32 (TF32 off on a GPU)."""
+    def __init__(self, model, device: str = "cpu", precision: str | None = None, kernels: str = "torch"):
+        """``precision`` bf16 (the reference's GPU policy: BF16 autocast) or fp32 (TF32 off on a GPU);
+        ``kernels`` torch (transformers' torch functions) or fla (FLA's gated delta rules)."""
         self.device = "cuda" if str(device).startswith("cuda") else "cpu"
         if self.device == "cuda" and not torch.cuda.is_available():
             raise EnvironmentMissing(f"device {device}: torch {torch.__version__} sees no CUDA GPU here")
@@ -94,6 +182,8 @@ class TorchRunner:
         if self.device == "cuda" and self.precision == "fp32":
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
+        self.kernels = kernels
+        self.functions = layer_functions(kernels)
         self.model = model.to(device)
         self.hidden_size = int(model.config.hidden_size)
         self._torch_device = torch.device(device)
@@ -104,10 +194,16 @@ class TorchRunner:
     ) -> TorchRunner:
         return cls(load_backbone(backbone_config, shards), device, precision)
 
-    def _autocast(self):
-        if self.precision == "bf16":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    def with_kernels(self, kernels: str) -> TorchRunner:
+        """A runner of the same model (the same weights, no copy) with other Gated DeltaNet kernels."""
+        return TorchRunner(self.model, str(self._torch_device), self.precision, kernels)
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        """This runner's layer functions bound, under BF16 autocast where its precision says so."""
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.precision == "bf16" else contextlib.nullcontext()
+        with bound(self.functions), autocast:
+            yield
 
     def _embeddings(self, ids: torch.Tensor, prefix: Prefix | None = None) -> torch.Tensor:
         embeds = self.model.embed_tokens(ids)
@@ -121,7 +217,7 @@ class TorchRunner:
         ids = torch.as_tensor(prefix.ids, dtype=torch.long, device=self._torch_device)[None]
         positions = prefix.positions if prefix.positions is not None else text_positions(0, len(prefix.ids))
         position_ids = torch.as_tensor(positions, device=self._torch_device)[:, None, :]
-        with self._autocast():
+        with self._running():
             out = self.model(
                 inputs_embeds=self._embeddings(ids, prefix),
                 position_ids=position_ids,
@@ -141,7 +237,7 @@ class TorchRunner:
         positions = text_positions(prefix.start, width)
         position_ids = torch.as_tensor(np.broadcast_to(positions[:, None, :], (3, count, width)).copy(), device=self._torch_device)
         block_ids = torch.as_tensor(ids, device=self._torch_device)
-        with self._autocast():
+        with self._running():
             hidden = self.model(
                 inputs_embeds=self._embeddings(block_ids),
                 position_ids=position_ids,
@@ -159,6 +255,6 @@ class TorchRunner:
         """One plain causal forward over ``ids`` (all hidden states, ``[len, H]``): the tree's definition."""
         tokens = torch.as_tensor(ids, dtype=torch.long, device=self._torch_device)[None]
         positions = positions if positions is not None else text_positions(0, len(ids))
-        with self._autocast():
+        with self._running():
             out = self.model(inputs_embeds=self._embeddings(tokens), position_ids=torch.as_tensor(positions)[:, None, :])
         return out.last_hidden_state[0].float().cpu().numpy()
