@@ -21,7 +21,11 @@ sequential engine runs, one warp per state column (``GatedDeltaNetDecodeWarpKern
 float32 q/k/v still beats ``LinearAttention`` by 2–29% on the H200 (``benchmarks/h200-0.8B-kernels``).
 ``inputs="fp16"`` (the bf16 builds' default) therefore feeds q, k and v to the node in float16 and
 casts its output back to float32; the state, decay and beta stay float32, as the schema has them
-whatever the activations' type. ``chunked_prefill`` says which of the conditions a graph meets.
+whatever the activations' type. ``chunked_prefill`` says which of the conditions a graph meets. On
+the H200 (ONNX Runtime 1.31.1, 4 heads of 128, continuing from a random state) that spelling gave
+``LinearAttention``'s float32 output within 1e-3 of its largest value and its state within 9e-4, at 8
+to 2,048 tokens; at 2,048 tokens (16 heads) its output was the pinned chunked plan's
+(``ORT_GDN_PLAN=chunked``) bit for bit, and not the sequential plan's.
 
 The kernel's own gating (``gate_activation`` ``qwen``, ``beta_activation`` ``sigmoid``, ``qk_l2_norm``)
 is not used: the prefill graph multiplies the gated log-decay by its realignment mask after the gate
