@@ -168,7 +168,7 @@ def test_the_build_says_whether_the_chunked_engine_can_run() -> None:
 def test_the_options_are_recorded_and_fp32_builds_keep_their_graph(exported: Path, tmp_path: Path) -> None:
     """bf16 builds feed float16 q/k/v and merge projections unless told not to; fp32 builds do neither."""
     facts, splits = {}, Counter(node.op_type for node in onnx.load(str(exported / "prefill.fused.onnx")).graph.node)["Split"]
-    for name, options in {"bf16": ["--precision", "bf16"], "bf16-before": ["--precision", "bf16", "--gated-delta-inputs", "fp32",
+    for name, options in {"bf16": ["--precision", "bf16"], "bf16-unfused": ["--precision", "bf16", "--no-op-fusion"], "bf16-before": ["--precision", "bf16", "--gated-delta-inputs", "fp32",
                           "--no-merged-projections"], "fp32": []}.items():  # fmt: skip
         progress = build_cuda_engine(exported, tmp_path / name, *options)
         manifest = json.loads((tmp_path / name / "manifest.json").read_text())
@@ -178,7 +178,10 @@ def test_the_options_are_recorded_and_fp32_builds_keep_their_graph(exported: Pat
         # The tiny member's head size is 16: the build says the chunked engine cannot run, whatever the inputs.
         assert "prefill.onnx: GatedDeltaNet runs its sequential engine at every length" in progress
         assert "head sizes (key, value) 16 and 16, not 128" in progress
-    assert facts == {"bf16": ("fp16", True, 8, 9), "bf16-before": ("fp32", False, 0, 0), "fp32": ("fp32", False, 0, 0)}
+    assert facts == {"bf16": ("fp16", True, 8, 9), "bf16-unfused": ("fp16", True, 8, 9), "bf16-before": ("fp32", False, 0, 0),
+                     "fp32": ("fp32", False, 0, 0)}  # fmt: skip
+    for graph in ("prefill", "continue"):  # both rewrites together (the fused norms are ONNX Runtime's, which onnx does not know)
+        onnx.checker.check_model(str(tmp_path / "bf16-unfused" / f"{graph}.onnx"))
     matmuls = [Counter(n.op_type for n in onnx.load(str(path)).graph.node)["MatMul"] for path in
                 (tmp_path / "fp32" / "prefill.onnx", tmp_path / "bf16-before" / "prefill.onnx", exported / "prefill.fused.onnx")]  # fmt: skip
     assert matmuls == [34, 34, 34]  # every projection its own GEMM, as exported
