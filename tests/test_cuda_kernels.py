@@ -168,8 +168,13 @@ def test_the_build_says_whether_the_chunked_engine_can_run() -> None:
 def test_the_options_are_recorded_and_fp32_builds_keep_their_graph(exported: Path, tmp_path: Path) -> None:
     """bf16 builds feed float16 q/k/v and merge projections unless told not to; fp32 builds do neither."""
     facts, splits = {}, Counter(node.op_type for node in onnx.load(str(exported / "prefill.fused.onnx")).graph.node)["Split"]
-    for name, options in {"bf16": ["--precision", "bf16"], "bf16-unfused": ["--precision", "bf16", "--no-op-fusion"], "bf16-before": ["--precision", "bf16", "--gated-delta-inputs", "fp32",
-                          "--no-merged-projections"], "fp32": []}.items():  # fmt: skip
+    variants = {
+        "bf16": ["--precision", "bf16"],
+        "bf16-unfused": ["--precision", "bf16", "--no-op-fusion"],
+        "bf16-before": ["--precision", "bf16", "--gated-delta-inputs", "fp32", "--no-merged-projections"],
+        "fp32": [],
+    }
+    for name, options in variants.items():
         progress = build_cuda_engine(exported, tmp_path / name, *options)
         manifest = json.loads((tmp_path / name / "manifest.json").read_text())
         ops = Counter(node.op_type for node in onnx.load(str(tmp_path / name / "prefill.onnx")).graph.node)
