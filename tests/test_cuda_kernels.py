@@ -230,5 +230,5 @@ def test_the_default_bf16_engine_runs_as_the_linear_attention_engine_on_the_gpu(
     feeds = {"input_ids": ids[None], "position_ids": text_positions(0, len(ids))[:, None],
              "attention_mask": np.ones((1, len(ids)), np.int64), "readout_index": np.arange(len(ids))[None]}  # fmt: skip
     got, want = (_run(str(tmp_path / name / "prefill.onnx"), feeds, CUDA) for name in ("new", "linear"))
-    for g, w in zip(got, want, strict=True):
-        assert np.abs(g - w).max() <= 2e-2 * np.abs(w).max()
+    for g, w in zip(got, want, strict=True):  # float16 q/k/v moved the CPU emulation's by up to 1.4e-2; a miswiring by ~0.3
+        assert np.abs(g - w).max() <= 5e-2 * np.abs(w).max()
