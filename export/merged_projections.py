@@ -2,8 +2,9 @@
 
 Each exported layer projects one normalised activation several times: attention's q (with its gate), k
 and v; the Gated DeltaNet's qkv, z, b and a; the MLP's gate and up. On the CUDA EP each projection is a
-GEMM launch of its own (two more casts each in a bf16 build), and the small requests are launch-bound
-(``s1omni.export.cuda_fusions``). Merged, a layer's projections are one GEMM over the weights side by side,
+GEMM launch of its own (and, in a bf16 build, a cast of its product), and the small requests are
+launch-bound (``s1omni.export.cuda_fusions``): a bf16 Gated DeltaNet layer's four projections took nine
+launches, merged they take four (cast in, GEMM, cast out, split). Merged, a layer's projections are one GEMM over the weights side by side,
 ``x · [W1 | W2 | …]``, whose columns a ``Split`` on the last axis hands back under the products' own names,
 so nothing downstream changes.
 
