@@ -24,7 +24,7 @@ from s1omni.export.merged_projections import merge_projections
 from s1omni.export.onnx_export import export_model, load_package_backbone
 from s1omni.runtime.runners.base import text_positions
 from s1omni.runtime.runners.torch_runner import TorchRunner
-from tests.cuda_builds import build_cuda_engine, validate_on_the_cpu
+from tests.cuda_builds import build_cuda_engine, gated_delta_net_emulated, validate_on_the_cpu
 
 
 @pytest.fixture(scope="module")
@@ -218,18 +218,21 @@ def test_portable_graphs_are_refused(exported: Path, tmp_path: Path) -> None:
     assert not (tmp_path / BF16_FILE).exists()
 
 
-def test_bfloat16_engine_emulated_on_the_cpu_keeps_every_clear_decision(exported: Path, tiny_vela: Path, tmp_path: Path) -> None:
-    """The whole engine, answers included, at gpu-reduced (its precision is bf16): built for CUDA with the
-    LinearAttention kernel (which has a CPU kernel), its graphs emulated, its manifest pointed at the CPU.
+@pytest.mark.parametrize("kernel", ["LinearAttention", "GatedDeltaNet"])
+def test_bfloat16_engine_emulated_on_the_cpu_keeps_every_clear_decision(exported: Path, tiny_vela: Path, tmp_path: Path, kernel: str) -> None:
+    """The whole engine, answers included, at gpu-reduced (its precision is bf16): built for CUDA as by
+    default (merged projections; with GatedDeltaNet, its float16 q/k/v), its graphs emulated, its manifest
+    pointed at the CPU.
 
     On the tiny member every decision with a clear margin stands, but probabilities move by up to 0.085,
     past the gate's 0.02, and 10 of 24 span sets change (labels of near-equal score trade places): the
     figures the README quotes for bfloat16 GEMMs on random weights.
     """
     engine = tmp_path / "bf16"
-    build_cuda_engine(exported, engine, "--gated-delta-kernel", "LinearAttention", "--precision", "bf16")
+    build_cuda_engine(exported, engine, "--gated-delta-kernel", kernel, "--precision", "bf16")
     for graph in ("prefill", "continue"):
-        emulated = _emulated(onnx.load(str(engine / f"{graph}.onnx")), engine)
+        model = onnx.load(str(engine / f"{graph}.onnx"))
+        emulated = _emulated(gated_delta_net_emulated(model, "fp16") if kernel == "GatedDeltaNet" else model, engine)
         onnx.save(emulated, str(engine / f"{graph}.onnx"))
     report = validate_on_the_cpu(engine, tiny_vela, tmp_path / "report.json")
     summary = report["summary"]

@@ -1,8 +1,9 @@
 """The CUDA build's ``GatedDeltaNet`` rewrite (``s1omni.export.cuda_kernels``), float16 q/k/v included.
 
-``GatedDeltaNet`` has no CPU kernel, so here its nodes run in emulation: each spelled back as the
-``LinearAttention`` it documents itself equal to (rank-4 activations, value-major state), its float16
-q/k/v widened and its output rounded to float16. That checks the rewrite's wiring (which input goes
+``GatedDeltaNet`` has no CPU kernel, so here its nodes run in emulation
+(``tests.cuda_builds.gated_delta_net_emulated``): each spelled back as the ``LinearAttention`` it
+documents itself equal to (rank-4 activations, value-major state), its float16 q/k/v widened and its
+output rounded to float16. That checks the rewrite's wiring (which input goes
 where, the casts, reshapes and state transposes) against the export's own graph; the GPU tests run the
 real kernel, its chunked engine included, against ``LinearAttention`` on the CUDA EP.
 """
@@ -17,12 +18,12 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from s1omni.export.cuda_kernels import DOMAIN, INPUT_TYPES, chunked_prefill, use_gated_delta_net
 from s1omni.runtime.runners.base import text_positions
 from tests.cli import run_s1omni
-from tests.cuda_builds import build_cuda_engine, needs_cuda
+from tests.cuda_builds import build_cuda_engine, gated_delta_net_emulated, needs_cuda
 
 CPU, CUDA = ["CPUExecutionProvider"], [("CUDAExecutionProvider", {"use_tf32": 0})]
 
@@ -54,45 +55,6 @@ def _feeds(heads: int, size: int, batch: int, tokens: int, seed: int) -> dict[st
     return {**feeds, "state": rng.standard_normal((batch, heads, size, size)).astype(np.float32) * np.float32(0.1),
             "decay": -rng.uniform(0, 1, (batch, tokens, heads)).astype(np.float32),
             "beta": rng.uniform(0, 1, (batch, tokens, heads)).astype(np.float32)}  # fmt: skip
-
-
-def _emulated(rewritten: onnx.ModelProto, inputs: str) -> onnx.ModelProto:
-    """A copy of ``rewritten`` with each ``GatedDeltaNet`` node as the CPU's ``LinearAttention``: q/k/v
-    ``[B, T, H, D]`` (in ``inputs``'s type) packed to float32 ``[B, T, H*D]``, the value-major state
-    transposed to key-major and back, the output unpacked and rounded to ``inputs``'s type."""
-    model = onnx.ModelProto.FromString(rewritten.SerializeToString())
-    graph = model.graph
-    producers = {output: node for node in graph.node for output in node.output}
-    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
-    nodes = []
-    for index, node in enumerate(graph.node):
-        if node.op_type != "GatedDeltaNet":
-            nodes.append(node)
-            continue
-        query, key, value, _, decay, beta, state = node.input
-        reshape = producers[query]
-        heads = int(constants[reshape.input[1]][2])
-        tag = f"emulated{index}"
-        packed = []
-        for name in (query, key, value):
-            nodes += [helper.make_node("Cast", [name], [f"{tag}.{name}.wide"], to=TensorProto.FLOAT),
-                      helper.make_node("Reshape", [f"{tag}.{name}.wide", f"{tag}.pack"], [f"{tag}.{name}"])]  # fmt: skip
-            packed.append(f"{tag}.{name}")
-        nodes += [
-            helper.make_node("Transpose", [state], [f"{tag}.state"], perm=[0, 1, 3, 2]),
-            helper.make_node(
-                "LinearAttention", [*packed, f"{tag}.state", decay, beta], [f"{tag}.out", f"{tag}.present"], domain=DOMAIN,
-                q_num_heads=heads, kv_num_heads=heads, update_rule="gated_delta",
-            ),  # fmt: skip
-            helper.make_node("Reshape", [f"{tag}.out", f"{tag}.heads"], [f"{tag}.out4"]),
-            helper.make_node("Cast", [f"{tag}.out4"], [node.output[0]], to=INPUT_TYPES[inputs]),
-            helper.make_node("Transpose", [f"{tag}.present"], [node.output[1]], perm=[0, 1, 3, 2]),
-        ]
-        graph.initializer.extend([numpy_helper.from_array(np.array([0, 0, -1], np.int64), f"{tag}.pack"),
-                                  numpy_helper.from_array(np.array([0, 0, heads, -1], np.int64), f"{tag}.heads")])  # fmt: skip
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model
 
 
 def _run(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray], providers: list) -> list[np.ndarray]:
@@ -135,7 +97,7 @@ def test_the_rewritten_graph_computes_the_export_s_own(exported: Path, inputs: s
     feeds = {"input_ids": ids[None], "position_ids": text_positions(0, len(ids))[:, None],
              "attention_mask": np.ones((1, len(ids)), np.int64), "readout_index": np.arange(len(ids))[None]}  # fmt: skip
     names = [output.name for output in model.graph.output]
-    for name, got, want in zip(names, _run(_emulated(model, inputs), feeds, CPU), _run(source, feeds, CPU), strict=True):
+    for name, got, want in zip(names, _run(gated_delta_net_emulated(model, inputs), feeds, CPU), _run(source, feeds, CPU), strict=True):
         moved = np.abs(got - want).max()
         if inputs == "fp32" or name == "conv.0":  # the first layer's conv window comes before any rule
             assert moved == 0, name
@@ -149,11 +111,11 @@ def test_a_state_transposed_the_wrong_way_is_caught() -> None:
     model, feeds = _linear_attention_model(2, 8), _feeds(2, 8, 2, 5, seed=0)
     want = _run(model, feeds, CPU)
     use_gated_delta_net(model, "fp32")
-    assert all(np.array_equal(g, w) for g, w in zip(_run(_emulated(model, "fp32"), feeds, CPU), want, strict=True))
+    assert all(np.array_equal(g, w) for g, w in zip(_run(gated_delta_net_emulated(model, "fp32"), feeds, CPU), want, strict=True))
     (back,) = [node for node in model.graph.node if node.op_type == "Transpose" and node.output[0] == "present"]
     back.ClearField("attribute")
     back.attribute.append(helper.make_attribute("perm", [0, 1, 2, 3]))
-    assert not np.allclose(_run(_emulated(model, "fp32"), feeds, CPU)[1], want[1], atol=1e-3)
+    assert not np.allclose(_run(gated_delta_net_emulated(model, "fp32"), feeds, CPU)[1], want[1], atol=1e-3)
 
 
 def test_the_build_says_whether_the_chunked_engine_can_run() -> None:
