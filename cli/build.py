@@ -6,7 +6,10 @@ from . import add_force, add_json, add_quiet, emit, make_room
 
 HELP = "build an engine from an export directory: ONNX Runtime (cpu, cuda) or a TensorRT plan (sm_XX)"
 # The manifest fields --json reports beside the engine directory and its member.
-ENGINE_KEYS = ("backend", "target", "precision", "recurrence", "gated_delta_kernel", "op_fusion", "cuda_graphs")
+ENGINE_KEYS = (
+    "backend", "target", "precision", "recurrence", "gated_delta_kernel", "gated_delta_inputs", "op_fusion", "merged_projections",
+    "cuda_graphs",
+)  # fmt: skip
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -31,11 +34,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "a warp per state column for float32 inputs; LinearAttention, slower, also runs on the CPU)",
     )
     parser.add_argument(
+        "--gated-delta-inputs",
+        choices=["fp16", "fp32"],
+        help="onnxruntime/cuda with the GatedDeltaNet kernel only: the type of its q, k and v (default fp16 at --precision bf16, "
+        "which its chunked tensor-core prefill engine needs for head size 128; fp32, the only choice at fp32 and tf32, runs "
+        "its sequential engine at every length); the state, decay and beta stay float32",
+    )
+    parser.add_argument(
         "--no-op-fusion",
         dest="op_fusion",
         action="store_false",
         help="onnxruntime/cuda only: keep the exported graphs' norms and sigmoids op by op "
         "(by default each becomes one SimplifiedLayerNormalization or Sigmoid, fewer kernel launches)",
+    )
+    parser.add_argument(
+        "--no-merged-projections",
+        dest="merged_projections",
+        action="store_false",
+        help="onnxruntime/cuda at --precision bf16 only: keep each weight GEMM of a layer apart (by default the projections "
+        "reading one activation, q|k|v, the Gated DeltaNet's inputs, gate|up, are one GEMM over their weights side by side)",
     )
     parser.add_argument(
         "--cuda-graphs",
@@ -54,7 +71,10 @@ def run(args: argparse.Namespace) -> int:
 
     out = args.out or default_engine_dir(read_manifest(args.export_dir), args.backend, args.target)
     make_room(out, "engine", args.force)
-    out = build(args.export_dir, args.backend, args.target, out, args.precision, args.gated_delta_kernel, args.op_fusion, args.cuda_graphs)
+    out = build(
+        args.export_dir, args.backend, args.target, out, args.precision, args.gated_delta_kernel, args.op_fusion, args.cuda_graphs,
+        gated_delta_inputs=args.gated_delta_inputs, merged_projections=args.merged_projections,
+    )  # fmt: skip
     manifest = read_manifest(out)
     result = {"engine": str(out), **{key: manifest.get(key) for key in ENGINE_KEYS}, "member": manifest["member"]}
     emit(args, result, f"built {args.backend}/{args.target} engine in {out}; validate it with `s1omni validate {out} --package PKG`")

@@ -14,6 +14,7 @@ and its state, and every input and output of the graphs, so the runner is unchan
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -64,11 +65,17 @@ class Bf16Weights:
         self.offsets: dict[tuple[str, ...], int] = {}
 
     def rounded(self, weight: onnx.TensorProto) -> onnx.TensorProto:
-        bits = bfloat16_bits(_float32_array(weight, self.source_dir))
-        tensor = helper.make_tensor(weight.name, TensorProto.BFLOAT16, list(weight.dims), bits.tobytes(), raw=True)
-        if weight.data_location != TensorProto.EXTERNAL:
+        return self.concatenated([weight], weight.name)
+
+    def concatenated(self, parts: Sequence[onnx.TensorProto], name: str) -> onnx.TensorProto:
+        """The float32 matrices ``parts`` side by side (``s1omni.export.merged_projections``), each rounded,
+        as the bfloat16 initializer ``name``: in ``BF16_FILE`` when every part is outside its graph (written
+        once per combination of the export's tensors, whichever graph asks first), else in the graph."""
+        bits = np.concatenate([bfloat16_bits(_float32_array(part, self.source_dir)) for part in parts], axis=1)
+        tensor = helper.make_tensor(name, TensorProto.BFLOAT16, list(bits.shape), bits.tobytes(), raw=True)
+        if any(part.data_location != TensorProto.EXTERNAL for part in parts):
             return tensor
-        key = tuple(f"{entry.key}={entry.value}" for entry in weight.external_data)  # the export's file and offset
+        key = tuple(f"{entry.key}={entry.value}" for part in parts for entry in part.external_data)  # the export's files and offsets
         if key not in self.offsets:
             with (self.target_dir / BF16_FILE).open("ab") as data:
                 data.write(b"\0" * (-data.tell() % ALIGNMENT))
@@ -76,14 +83,15 @@ class Bf16Weights:
                 data.write(tensor.raw_data)
         tensor.ClearField("raw_data")
         tensor.data_location = TensorProto.EXTERNAL
-        for name, value in (("location", BF16_FILE), ("offset", self.offsets[key]), ("length", bits.nbytes)):
-            tensor.external_data.add(key=name, value=str(value))
+        for entry, value in (("location", BF16_FILE), ("offset", self.offsets[key]), ("length", bits.nbytes)):
+            tensor.external_data.add(key=entry, value=str(value))
         return tensor
 
 
 def use_bf16_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
     """Rewrite ``model`` in place (see the module docstring); returns how many ``MatMul`` nodes now run in
-    bfloat16. A weight also read by any other node is left in float32, and so are its products."""
+    bfloat16. A weight also read by any other node is left in float32, and so are its products; one
+    already in bfloat16 (merged projections, rounded as they were concatenated) is kept as it is."""
     graph = model.graph
     if any(attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for node in graph.node for attribute in node.attribute):
         raise ValueError("bf16 GEMMs: the graph has subgraphs (Scan); build from the fused graphs")
@@ -94,12 +102,14 @@ def use_bf16_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
     matrices = {
         tensor.name
         for tensor in graph.initializer
-        if tensor.data_type == TensorProto.FLOAT
+        if tensor.data_type in (TensorProto.FLOAT, TensorProto.BFLOAT16)
         and len(tensor.dims) == 2
         and readers[tensor.name]
         and all(node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and index == 1 for node, index in readers[tensor.name])
     }
-    initializers = [weights.rounded(tensor) if tensor.name in matrices else tensor for tensor in graph.initializer]
+    initializers = [
+        weights.rounded(tensor) if tensor.name in matrices and tensor.data_type == TensorProto.FLOAT else tensor for tensor in graph.initializer
+    ]
     del graph.initializer[:]
     graph.initializer.extend(initializers)
     nodes: list[onnx.NodeProto] = []

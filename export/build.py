@@ -9,7 +9,10 @@ execution provider options to run them with:
 - ``cuda``: the ``fused`` graphs where exported, each Gated DeltaNet layer one contrib node that
   ``--gated-delta-kernel`` picks (``s1omni.export.cuda_kernels``), at ``--precision bf16`` (the default, the
   fastest: weight GEMMs in bfloat16, ``s1omni.export.bf16_gemms``, held to the gpu-reduced gate), ``fp32``
-  (TF32 off; for parity work, the gpu gate) or ``tf32``. TF32 matmuls are
+  (TF32 off; for parity work, the gpu gate) or ``tf32``. A bf16 build also feeds the GatedDeltaNet nodes
+  float16 q/k/v, which their chunked prefill engine needs (``--gated-delta-inputs fp32`` keeps float32),
+  and merges the projections that read one activation into one GEMM each (``s1omni.export.merged_projections``;
+  ``--no-merged-projections`` keeps them apart); fp32 and tf32 builds keep the exported graph's. TF32 matmuls are
   faster but flipped 2 of 24 span sets of the 0.8B synthetic member on the H200, a GPU-gate miss
   (``benchmarks/h200-0.8B-kernels``). Their norms and sigmoids become single ONNX Runtime ops
   (``s1omni.export.cuda_fusions``) unless ``--no-op-fusion``. By default (``--no-cuda-graphs`` turns it off) the runner replays each
@@ -39,7 +42,8 @@ from s1omni.runtime.staging import staged_directory
 
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
 from .cuda_fusions import fuse_norms, fuse_sigmoids
-from .cuda_kernels import KERNELS, use_gated_delta_net
+from .cuda_kernels import INPUT_TYPES, KERNELS, chunked_prefill, use_gated_delta_net
+from .merged_projections import merge_projections
 from .onnx_export import graph_file
 from .patches import RECURRENCES
 
@@ -102,21 +106,34 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
 
 
 def _graph_rewrites(
-    kernel: str | None, precision: str, recurrence: str, op_fusion: bool, weights: Bf16Weights
+    kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool, weights: Bf16Weights
 ) -> dict[str, Callable[[onnx.ModelProto], int]]:
-    """What a build rewrites in each backbone graph, in order: the Gated DeltaNet kernel, the norms and
-    sigmoids, then the GEMMs' precision."""
+    """What a build rewrites in each backbone graph, in order: the Gated DeltaNet kernel (its q/k/v in
+    ``inputs``), the norms and sigmoids, the merged projections, then the GEMMs' precision (merged
+    weights are rounded as they are concatenated, so only bf16 builds merge)."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
     if kernel == "GatedDeltaNet":  # a fused graph (kernel implies fused)
-        rewrites["GatedDeltaNet nodes"] = use_gated_delta_net
+        rewrites["GatedDeltaNet nodes"] = lambda graph: use_gated_delta_net(graph, inputs)
     if op_fusion:
         rewrites["fused norms"] = fuse_norms
         rewrites["sigmoids"] = fuse_sigmoids
     if precision == "bf16":
         if recurrence != "fused":
             raise InputError("--precision bf16 rewrites the fused graphs; export again with --recurrence fused")
+        if merged:
+            rewrites["merged projections"] = lambda graph: merge_projections(graph, weights.concatenated)
         rewrites["bfloat16 GEMMs"] = lambda graph: use_bf16_gemms(graph, weights)
     return rewrites
+
+
+def _gated_delta_inputs(requested: str | None, kernel: str | None, precision: str) -> str:
+    """The type of the GatedDeltaNet nodes' q/k/v: float16 by default in bf16 builds, float32 elsewhere."""
+    reduced = kernel == "GatedDeltaNet" and precision == "bf16"
+    if requested not in (None, *INPUT_TYPES):
+        raise UsageError(f"--gated-delta-inputs is one of {', '.join(INPUT_TYPES)}")
+    if requested == "fp16" and not reduced:
+        raise UsageError("--gated-delta-inputs fp16 is for --precision bf16 builds with the GatedDeltaNet kernel")
+    return requested or ("fp16" if reduced else "fp32")
 
 
 def tensorrt_profiles(export_dir: Path, max_tokens: int) -> dict[str, dict[str, tuple[int, int, int]]]:
@@ -141,11 +158,15 @@ def build(
     kernel: str | None = None,
     op_fusion: bool = True,
     cuda_graphs: bool | None = None,
+    gated_delta_inputs: str | None = None,
+    merged_projections: bool = True,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
-    ``op_fusion`` (``s1omni.export.cuda_fusions``) and ``cuda_graphs`` (``s1omni.runtime.runners.cuda_graphs``; None:
-    on for onnxruntime/cuda)."""
+    ``op_fusion`` (``s1omni.export.cuda_fusions``), ``cuda_graphs`` (``s1omni.runtime.runners.cuda_graphs``; None:
+    on for onnxruntime/cuda), ``gated_delta_inputs``, the type of GatedDeltaNet's q/k/v
+    (``s1omni.export.cuda_kernels.INPUT_TYPES``; None: fp16 for bf16 builds) and ``merged_projections``
+    (``s1omni.export.merged_projections``; bf16 builds only)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -167,11 +188,15 @@ def build(
             if kernel and (target != "cuda" or recurrence != "fused" or kernel not in KERNELS):
                 raise UsageError(f"--gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
             op_fusion = op_fusion and target == "cuda"
-            rewrites = _graph_rewrites(kernel, precision, recurrence, op_fusion, Bf16Weights(export_dir, stage))
+            inputs = _gated_delta_inputs(gated_delta_inputs, kernel, precision)
+            merged_projections = merged_projections and precision == "bf16"
+            rewrites = _graph_rewrites(kernel, inputs, precision, recurrence, op_fusion, merged_projections, Bf16Weights(export_dir, stage))
             for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:
                     progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...")
                     graph = onnx.load(str(export_dir / source), load_external_data=False)
+                    if kernel == "GatedDeltaNet":  # said before the rewrite replaces the nodes it reads
+                        progress.note(f"onnxruntime/{target}: {name}: {chunked_prefill(graph, inputs)}")
                     done = ", ".join(f"{rewrite(graph)} {what}" for what, rewrite in rewrites.items())
                     onnx.save(graph, str(stage / name))
                     progress.note(f"onnxruntime/{target}: {name}: {done}")
@@ -187,7 +212,9 @@ def build(
                 "precision": precision,
                 "recurrence": recurrence,
                 "gated_delta_kernel": kernel or ("LinearAttention" if recurrence == "fused" else "Scan"),
+                "gated_delta_inputs": inputs,
                 "op_fusion": op_fusion,
+                "merged_projections": merged_projections,
                 "cuda_graphs": cuda_graphs,
                 "provider_options": ORT_PRECISIONS[target][precision],
             }

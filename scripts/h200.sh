@@ -14,8 +14,10 @@
 #             too; TensorRT is not run here), timed: export-SIZE.txt has the wall time and the host's peak
 #             memory in use against the size of weights.data
 #   build     ONNX Runtime CUDA engines: one per $KERNELS (GatedDeltaNet, LinearAttention) and $PRECISIONS
-#             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16; tf32; suffixes: "/unfused"
-#             builds with --no-op-fusion, "/graphs" with --cuda-graphs, e.g. fp32/graphs)
+#             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16, merged projections and float16
+#             Gated DeltaNet q/k/v; tf32; suffixes: "/unfused" builds with --no-op-fusion, "/graphs" with
+#             --cuda-graphs, "/gdn32" with --gated-delta-inputs fp32, "/unmerged" with --no-merged-projections,
+#             e.g. fp32/graphs; a bf16 before/after run: PRECISIONS=bf16/graphs/gdn32/unmerged,bf16/graphs/unmerged,bf16/graphs)
 #   validate  each engine at the GPU gate against the float32 torch reference on the same GPU
 #   bench     the validated engines against the BF16 torch reference in the same run (timed twice
 #             where flash-linear-attention imports: the torch fallback and reference+fla, its Triton
@@ -53,13 +55,16 @@ variants=()  # kernel:precision
 for kernel in ${kernels//,/ }; do
   for precision in ${precisions//,/ }; do variants+=("$kernel:$precision"); done
 done
-# kernel:precision[/unfused][/graphs] -> kernel[-precision][-unfused][-graphs], the precision where it is not fp32
+# kernel:precision[/unfused][/graphs][/gdn32][/unmerged] -> kernel[-precision][-unfused][-graphs][-gdn32][-unmerged],
+# the precision where it is not fp32
+SUFFIXES=(unfused graphs gdn32 unmerged)
 has() { [[ "/$1/" == *"/$2/"* ]]; }
 name() {
-  local p=${1#*:} n=${1%:*}
+  local p=${1#*:} n=${1%:*} suffix
   [ "${p%%/*}" = fp32 ] || n+="-${p%%/*}"
-  if has "$p" unfused; then n+="-unfused"; fi
-  if has "$p" graphs; then n+="-graphs"; fi
+  for suffix in "${SUFFIXES[@]}"; do
+    if has "$p" "$suffix"; then n+="-$suffix"; fi
+  done
   echo "$n"
 }
 engine() { echo "$work/engine-$size-$(name "$1")"; }
@@ -94,6 +99,8 @@ if wants build; then
     precision=${variant#*:} flags=()
     if has "$precision" unfused; then flags+=(--no-op-fusion); fi
     if has "$precision" graphs; then flags+=(--cuda-graphs); else flags+=(--no-cuda-graphs); fi  # graphs are the build default
+    if has "$precision" gdn32; then flags+=(--gated-delta-inputs fp32); fi
+    if has "$precision" unmerged; then flags+=(--no-merged-projections); fi
     s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "${variant%:*}" --precision "${precision%%/*}" \
       "${flags[@]}" --out "$(engine "$variant")"
   done

@@ -1,5 +1,6 @@
 """CUDA builds of the tiny member checked on the CPU: built as a user builds them (``s1omni build``), then
-validated with the CPU EP (``LinearAttention`` and every rewritten op have CPU kernels)."""
+validated with the CPU EP (``LinearAttention`` and every rewritten op have CPU kernels; ``GatedDeltaNet``
+nodes in emulation)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
+from s1omni.export.cuda_kernels import DOMAIN, INPUT_TYPES
 from s1omni.runtime.engine import read_manifest, write_manifest
 from tests.cli import run_s1omni, s1omni
 
@@ -42,3 +47,42 @@ def validate_on_the_cpu(engine: Path, package: Path, report: Path) -> dict[str, 
     write_manifest(engine, {**{k: v for k, v in manifest.items() if k != "files"}, "target": "cpu", "device": "cpu", "provider_options": {}})
     run_s1omni("validate", str(engine), "--package", str(package), "--report", str(report))  # a missed gate exits 1
     return json.loads(report.read_text())
+
+
+def gated_delta_net_emulated(rewritten: onnx.ModelProto, inputs: str) -> onnx.ModelProto:
+    """A copy of ``rewritten`` with each ``GatedDeltaNet`` node as the CPU's ``LinearAttention``: q/k/v
+    ``[B, T, H, D]`` (in ``inputs``'s type) packed to float32 ``[B, T, H*D]``, the value-major state
+    transposed to key-major and back, the output unpacked and rounded to ``inputs``'s type."""
+    model = onnx.ModelProto.FromString(rewritten.SerializeToString())
+    graph = model.graph
+    producers = {output: node for node in graph.node for output in node.output}
+    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    nodes = []
+    for index, node in enumerate(graph.node):
+        if node.op_type != "GatedDeltaNet":
+            nodes.append(node)
+            continue
+        query, key, value, _, decay, beta, state = node.input
+        reshape = producers[query]
+        heads = int(constants[reshape.input[1]][2])
+        tag = f"emulated{index}"
+        packed = []
+        for name in (query, key, value):
+            nodes += [helper.make_node("Cast", [name], [f"{tag}.{name}.wide"], to=TensorProto.FLOAT),
+                      helper.make_node("Reshape", [f"{tag}.{name}.wide", f"{tag}.pack"], [f"{tag}.{name}"])]  # fmt: skip
+            packed.append(f"{tag}.{name}")
+        nodes += [
+            helper.make_node("Transpose", [state], [f"{tag}.state"], perm=[0, 1, 3, 2]),
+            helper.make_node(
+                "LinearAttention", [*packed, f"{tag}.state", decay, beta], [f"{tag}.out", f"{tag}.present"], domain=DOMAIN,
+                q_num_heads=heads, kv_num_heads=heads, update_rule="gated_delta",
+            ),  # fmt: skip
+            helper.make_node("Reshape", [f"{tag}.out", f"{tag}.heads"], [f"{tag}.out4"]),
+            helper.make_node("Cast", [f"{tag}.out4"], [node.output[0]], to=INPUT_TYPES[inputs]),
+            helper.make_node("Transpose", [f"{tag}.present"], [node.output[1]], perm=[0, 1, 3, 2]),
+        ]
+        graph.initializer.extend([numpy_helper.from_array(np.array([0, 0, -1], np.int64), f"{tag}.pack"),
+                                  numpy_helper.from_array(np.array([0, 0, heads, -1], np.int64), f"{tag}.heads")])  # fmt: skip
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model

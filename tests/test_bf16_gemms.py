@@ -20,10 +20,11 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.bf16_gemms import BF16_FILE, Bf16Weights, bfloat16_bits, use_bf16_gemms
+from s1omni.export.merged_projections import merge_projections
 from s1omni.export.onnx_export import export_model, load_package_backbone
 from s1omni.runtime.runners.base import text_positions
 from s1omni.runtime.runners.torch_runner import TorchRunner
-from tests.cuda_builds import build_cuda_engine, validate_on_the_cpu
+from tests.cuda_builds import build_cuda_engine, gated_delta_net_emulated, validate_on_the_cpu
 
 
 @pytest.fixture(scope="module")
@@ -52,39 +53,65 @@ def _rounded(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
     return torch.from_numpy(numpy_helper.to_array(tensor, base_dir=str(directory))).to(torch.bfloat16).to(torch.float32).numpy()
 
 
-def test_cuda_build_runs_every_weight_gemm_in_bfloat16(exported: Path, tmp_path: Path) -> None:
+def _parts(model: onnx.ModelProto, source: onnx.ModelProto) -> dict[str, list[onnx.TensorProto]]:
+    """Each bfloat16 weight of ``model`` and the ``source`` weights it is made of (several for a merged
+    projection's: those of the source's MatMuls whose products its Split hands back, in order)."""
+    weights = {t.name: t for t in source.graph.initializer}
+    by_product = {node.output[0]: weights[node.input[1]] for node in source.graph.node if node.op_type == "MatMul" and node.input[1] in weights}
+    splits = {node.input[0]: list(node.output) for node in model.graph.node if node.op_type == "Split"}
+    parts = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] not in weights and node.input[1] in {t.name for t in model.graph.initializer}:
+            product = next(n.output[0] for n in model.graph.node if n.op_type == "Cast" and n.input[0] == node.output[0])
+            parts[node.input[1]] = [by_product[name] for name in splits[product]]
+    return {t.name: parts.get(t.name, [weights.get(t.name)]) for t in model.graph.initializer if t.data_type == TensorProto.BFLOAT16}
+
+
+def _rounded_side_by_side(parts: list[onnx.TensorProto], directory: Path) -> np.ndarray:
+    return np.concatenate([_rounded(part, directory) for part in parts], axis=1)
+
+
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])
+def test_cuda_build_runs_every_weight_gemm_in_bfloat16(exported: Path, tmp_path: Path, merged: bool) -> None:
     engine = tmp_path / "bf16"
-    progress = build_cuda_engine(exported, engine, "--precision", "bf16")
-    assert "prefill.onnx: 3 GatedDeltaNet nodes, 20 fused norms, 14 sigmoids, 31 bfloat16 GEMMs" in progress
+    progress = build_cuda_engine(exported, engine, "--precision", "bf16", *(() if merged else ("--no-merged-projections",)))
+    done = "8 merged projections, 16 bfloat16 GEMMs" if merged else "31 bfloat16 GEMMs"
+    assert f"prefill.onnx: 3 GatedDeltaNet nodes, 20 fused norms, 14 sigmoids, {done}" in progress
     manifest = json.loads((engine / "manifest.json").read_text())
     assert manifest["precision"] == "bf16" and manifest["gated_delta_kernel"] == "GatedDeltaNet" and manifest["provider_options"]["use_tf32"] == 0
+    assert manifest["merged_projections"] is merged
     for graph in ("prefill", "continue"):
         source = onnx.load(str(exported / f"{graph}.fused.onnx"))
         model = onnx.load(str(engine / f"{graph}.onnx"))
-        weights = {t.name: t for t in source.graph.initializer}
-        rounded = [t for t in model.graph.initializer if t.data_type == TensorProto.BFLOAT16]
-        assert len(rounded) == 31 and all(np.array_equal(_float32(t, engine), _rounded(weights[t.name], exported)) for t in rounded)
+        parts = _parts(model, source)
+        assert sorted(map(len, parts.values())) == ([1] * 8 + [2] * 4 + [3] + [4] * 3 if merged else [1] * 31)  # the out projections alone
+        rounded = [t for t in model.graph.initializer if t.name in parts]
+        assert all(np.array_equal(_float32(t, engine), _rounded_side_by_side(parts[t.name], exported)) for t in rounded)
         ops = [node.op_type for node in model.graph.node]
-        assert ops.count("GatedDeltaNet") == 3 and ops.count("MatMul") == 34  # rotary and attention scores stay float32
+        assert ops.count("GatedDeltaNet") == 3 and ops.count("MatMul") == 34 - 15 * merged  # rotary and attention scores stay float32
         assert [(o.name, o.type.tensor_type.elem_type) for o in model.graph.output] == [
             (o.name, o.type.tensor_type.elem_type) for o in source.graph.output
         ]  # the runner's float32 interface is unchanged
 
 
-def test_a_large_member_s_matrices_go_to_one_bfloat16_file_for_both_graphs(external_export: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])
+def test_a_large_member_s_matrices_go_to_one_bfloat16_file_for_both_graphs(external_export: Path, tmp_path: Path, merged: bool) -> None:
     weights = Bf16Weights(external_export, tmp_path)
     offsets = []
     for graph in ("prefill", "continue"):
         model = onnx.load(str(external_export / f"{graph}.fused.onnx"), load_external_data=False)
-        source = {t.name: t for t in model.graph.initializer}
-        assert use_bf16_gemms(model, weights) == 31
+        source = onnx.load(str(external_export / f"{graph}.fused.onnx"), load_external_data=False)
+        assert (merge_projections(model, weights.concatenated) if merged else 0) == 8 * merged
+        assert use_bf16_gemms(model, weights) == 31 - 15 * merged
+        parts = _parts(model, source)
         rounded = [t for t in model.graph.initializer if t.data_type == TensorProto.BFLOAT16]
         assert all(t.data_location == TensorProto.EXTERNAL and t.external_data[0].value == BF16_FILE for t in rounded)
-        assert all(np.array_equal(_float32(t, tmp_path), _rounded(source[t.name], external_export)) for t in rounded)
+        assert all(np.array_equal(_float32(t, tmp_path), _rounded_side_by_side(parts[t.name], external_export)) for t in rounded)
         offsets.append({int(next(e.value for e in t.external_data if e.key == "offset")): int(np.prod(t.dims)) for t in rounded})
-    assert offsets[0] == offsets[1] and len(offsets[0]) == 31  # the continuation reads the prefill's copies
+    assert offsets[0] == offsets[1] and len(offsets[0]) == 31 - 15 * merged  # the continuation reads the prefill's copies
     last = max(offsets[0])
     assert (tmp_path / BF16_FILE).stat().st_size == last + 2 * offsets[0][last]
+    assert sum(offsets[0].values()) == sum(int(np.prod(part.dims)) for group in parts.values() for part in group)  # each weight once
 
 
 def test_a_hard_linked_export_is_read(tmp_path: Path) -> None:
@@ -161,6 +188,28 @@ def test_bfloat16_graph_computes_the_model_with_bfloat16_linears(external_export
     assert rounding > 1e-4 * np.abs(float32).max() and wiring < rounding / 5, (rounding, wiring)
 
 
+def test_merged_bfloat16_graph_computes_the_unmerged_one(external_export: Path, tmp_path: Path) -> None:
+    """Merging, then rounding: the weights are the same bfloat16 values side by side, each product column
+    the same dot product rounded the same way, so ONNX Runtime's CPU GEMM gives the very same states."""
+    source = external_export / "prefill.fused.onnx"
+    graphs = []
+    for merged in (False, True):
+        model = onnx.load(str(source), load_external_data=False)
+        weights = Bf16Weights(external_export, tmp_path / str(merged))
+        (tmp_path / str(merged)).mkdir()
+        if merged:
+            assert merge_projections(model, weights.concatenated) == 8
+        use_bf16_gemms(model, weights)
+        emulated = _emulated(model, tmp_path / str(merged))
+        onnx.load_external_data_for_model(emulated, str(external_export))
+        onnx.checker.check_model(emulated)
+        graphs.append(emulated.SerializeToString())
+    feeds = {"input_ids": np.random.default_rng(6).integers(1, 2048, 300)[None], "position_ids": text_positions(0, 300)[:, None],
+             "attention_mask": np.ones((1, 300), np.int64), "readout_index": np.arange(300)[None]}  # fmt: skip
+    apart, merged = (onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"]).run(None, feeds) for graph in graphs)
+    assert all(np.array_equal(m, a) for m, a in zip(merged, apart, strict=True))
+
+
 def test_portable_graphs_are_refused(exported: Path, tmp_path: Path) -> None:
     """The ``Scan`` graphs' recurrence is a subgraph the rewrite does not enter: refused, not half-done."""
     model = onnx.load(str(exported / "prefill.onnx"))
@@ -169,18 +218,21 @@ def test_portable_graphs_are_refused(exported: Path, tmp_path: Path) -> None:
     assert not (tmp_path / BF16_FILE).exists()
 
 
-def test_bfloat16_engine_emulated_on_the_cpu_keeps_every_clear_decision(exported: Path, tiny_vela: Path, tmp_path: Path) -> None:
-    """The whole engine, answers included, at gpu-reduced (its precision is bf16): built for CUDA with the
-    LinearAttention kernel (which has a CPU kernel), its graphs emulated, its manifest pointed at the CPU.
+@pytest.mark.parametrize("kernel", ["LinearAttention", "GatedDeltaNet"])
+def test_bfloat16_engine_emulated_on_the_cpu_keeps_every_clear_decision(exported: Path, tiny_vela: Path, tmp_path: Path, kernel: str) -> None:
+    """The whole engine, answers included, at gpu-reduced (its precision is bf16): built for CUDA as by
+    default (merged projections; with GatedDeltaNet, its float16 q/k/v), its graphs emulated, its manifest
+    pointed at the CPU.
 
     On the tiny member every decision with a clear margin stands, but probabilities move by up to 0.085,
     past the gate's 0.02, and 10 of 24 span sets change (labels of near-equal score trade places): the
     figures the README quotes for bfloat16 GEMMs on random weights.
     """
     engine = tmp_path / "bf16"
-    build_cuda_engine(exported, engine, "--gated-delta-kernel", "LinearAttention", "--precision", "bf16")
+    build_cuda_engine(exported, engine, "--gated-delta-kernel", kernel, "--precision", "bf16")
     for graph in ("prefill", "continue"):
-        emulated = _emulated(onnx.load(str(engine / f"{graph}.onnx")), engine)
+        model = onnx.load(str(engine / f"{graph}.onnx"))
+        emulated = _emulated(gated_delta_net_emulated(model, "fp16") if kernel == "GatedDeltaNet" else model, engine)
         onnx.save(emulated, str(engine / f"{graph}.onnx"))
     report = validate_on_the_cpu(engine, tiny_vela, tmp_path / "report.json")
     summary = report["summary"]
