@@ -11,7 +11,8 @@ no copy of the member is ever held beside the one being written.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -104,21 +105,25 @@ class SharedWeights:
 
     def __init__(self, directory: Path):
         self.path = directory / WEIGHTS_FILE
-        self.offsets: dict[Binding | tuple[int, tuple[int, ...], bytes], int] = {}
+        self.placed: dict[Binding | tuple[int, tuple[int, ...], bytes], tuple[int, int]] = {}  # key: (offset, length)
 
-    def place(self, tensor: TensorProto, key: Binding | tuple[int, tuple[int, ...], bytes], raw: bytes | np.ndarray) -> None:
-        """Point ``tensor`` at its bytes in the file, writing them first if they are not there yet."""
-        length = raw.nbytes if isinstance(raw, np.ndarray) else len(raw)
-        if key not in self.offsets:
+    def place(self, tensor: TensorProto, key: Binding | tuple[int, tuple[int, ...], bytes], raw: bytes | np.ndarray | None = None) -> None:
+        """Point ``tensor`` at its bytes in the file, writing ``raw`` first if they are not there yet
+        (``raw`` may be left out for a key the file holds)."""
+        if key not in self.placed:
+            if raw is None:
+                raise ValueError(f"{key}: not written yet, and no bytes given")
+            length = raw.nbytes if isinstance(raw, np.ndarray) else len(raw)
             with self.path.open("ab") as data:
                 if length >= ALIGNMENT:
                     data.write(b"\0" * (-data.tell() % ALIGNMENT))
-                self.offsets[key] = data.tell()
+                self.placed[key] = data.tell(), length
                 data.write(raw.data if isinstance(raw, np.ndarray) else raw)
+        offset, length = self.placed[key]
         tensor.ClearField("raw_data")
         del tensor.external_data[:]
         tensor.data_location = TensorProto.EXTERNAL
-        for name, value in (("location", WEIGHTS_FILE), ("offset", self.offsets[key]), ("length", length)):
+        for name, value in (("location", WEIGHTS_FILE), ("offset", offset), ("length", length)):
             tensor.external_data.add(key=name, value=str(value))
 
 
@@ -127,23 +132,45 @@ def _placeholder(tensor: TensorProto) -> bool:
     return external and any(entry.key == "location" and entry.value == PLACEHOLDER for entry in tensor.external_data)
 
 
+def _read_ahead(source: TensorSource, bindings: Sequence[Binding]) -> Iterator[np.ndarray]:
+    """Each binding's array in turn, the next one read and converted (in a thread: safetensors and torch
+    release the GIL) while the caller writes this one. Two arrays at most are held at a time."""
+    with ThreadPoolExecutor(1) as reader:
+        ahead = [reader.submit(_array, source, binding) for binding in bindings[:1]]
+        for following in [*bindings[1:], None]:
+            values = ahead.pop().result()
+            if following is not None:
+                ahead.append(reader.submit(_array, source, following))
+            yield values
+            del values
+
+
 def bind_weights(model: onnx.ModelProto, bindings: Mapping[str, Binding], source: TensorSource, shared: SharedWeights | None) -> None:
     """Fill ``model``'s placeholders from ``source``, in place: into ``shared``'s file if given (with every
-    other constant of ``EXTERNAL_MIN_BYTES`` or more), else into the graph."""
-    for tensor in model.graph.initializer:
-        if _placeholder(tensor):
-            if tensor.name not in bindings:
-                raise ValueError(f"the traced graph names no weight for its placeholder {tensor.name}")
-            binding = bindings[tensor.name]
-            values = _array(source, binding)
-            if values.dtype != np.float32 or tuple(values.shape) != tuple(tensor.dims):
-                raise ValueError(f"{binding.weight}: {values.dtype}{list(values.shape)} where the graph has float32{list(tensor.dims)}")
-            if shared:
-                shared.place(tensor, binding, values)
-            else:
-                del tensor.external_data[:]
-                tensor.data_location = TensorProto.DEFAULT
-                tensor.raw_data = values.tobytes()
-        elif shared and tensor.HasField("raw_data") and len(tensor.raw_data) >= EXTERNAL_MIN_BYTES:
-            raw = tensor.raw_data
-            shared.place(tensor, (tensor.data_type, tuple(tensor.dims), hashlib.sha256(raw).digest()), raw)
+    other constant of ``EXTERNAL_MIN_BYTES`` or more), else into the graph. A weight ``shared`` holds
+    already (written for another graph) is referenced, not read again."""
+    placeholders = [tensor for tensor in model.graph.initializer if _placeholder(tensor)]
+    for tensor in placeholders:
+        if tensor.name not in bindings:
+            raise ValueError(f"the traced graph names no weight for its placeholder {tensor.name}")
+    unread = []
+    for tensor in placeholders:
+        if shared and bindings[tensor.name] in shared.placed:
+            shared.place(tensor, bindings[tensor.name])
+        else:
+            unread.append(tensor)
+    for tensor, values in zip(unread, _read_ahead(source, [bindings[tensor.name] for tensor in unread]), strict=True):
+        binding = bindings[tensor.name]
+        if values.dtype != np.float32 or tuple(values.shape) != tuple(tensor.dims):
+            raise ValueError(f"{binding.weight}: {values.dtype}{list(values.shape)} where the graph has float32{list(tensor.dims)}")
+        if shared:
+            shared.place(tensor, binding, values)
+        else:
+            del tensor.external_data[:]
+            tensor.data_location = TensorProto.DEFAULT
+            tensor.raw_data = values.tobytes()
+    if shared:
+        for tensor in model.graph.initializer:
+            if tensor.HasField("raw_data") and len(tensor.raw_data) >= EXTERNAL_MIN_BYTES:
+                raw = tensor.raw_data
+                shared.place(tensor, (tensor.data_type, tuple(tensor.dims), hashlib.sha256(raw).digest()), raw)

@@ -19,10 +19,13 @@ own capture would instead narrow the dynamic axes silently (to lengths 64k + 6, 
 The graph depends on the member's config, not on its weight values, so each graph is traced from
 a model on the ``meta`` device: no copy of the weights is made while tracing, and the graphs
 (prefill and continue, per recurrence) are traced side by side in worker processes, one per CPU
-core. The weights the optimiser folds by value (small ones) go to the trace; every larger weight
+core. Only three layers are traced, whatever the member's depth: the rest are stamped from them
+before the optimiser runs (``s1omni.export.layer_stamp``), which leaves the optimiser's pass over
+the whole graph as the one cost that grows with the layers. The weights the optimiser folds by value (small ones) go to the trace; every larger weight
 is a placeholder there (``s1omni.export.graph_weights``), and the placeholders are filled from
-the package's safetensors afterwards, one tensor at a time. The graphs are those a trace of the
-loaded model gives, node for node and byte for byte (``tests/test_onnx_export.py``).
+the package's safetensors afterwards, one tensor at a time (the next one read while this one is
+written). The graphs are those a trace of the loaded model gives, node for node and byte for byte
+(``tests/test_onnx_export.py``, ``tests/test_layer_stamp.py``).
 
 Members whose weights exceed ``EXTERNAL_DATA_BYTES`` keep them in ``weights.data``, written once
 for both graphs. Every export is checked before it is kept (``s1omni.export.onnx_check``).
@@ -30,6 +33,7 @@ for both graphs. Every export is checked before it is kept (``s1omni.export.onnx
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import multiprocessing
@@ -62,6 +66,7 @@ from s1omni.runtime.staging import staged_directory
 from s1omni.runtime.vela2.package import shard_names
 
 from .graph_weights import PLACEHOLDER, WEIGHTS_FILE, Binding, ModuleTensors, PackageTensors, SharedWeights, TensorSource, bind_weights, foldable
+from .layer_stamp import stamp_layers, template_types
 from .onnx_check import LENGTHS, check_graphs
 from .patches import RECURRENCES, ContinueForward, PrefillForward, explicit_state_forward, state_names
 
@@ -363,12 +368,22 @@ class GraphJob:
     opset: int
     values: Mapping[str, np.ndarray]  # the foldable weights
     path: Path
+    stamp: bool = True  # trace the template layers only and stamp the rest (``s1omni.export.layer_stamp``)
+
+
+def template_config(config: Any, layer_types: list[str]) -> Any:
+    """``config`` with only the first ``len(layer_types)`` layers (``layer_types``, a prefix of its own)."""
+    template = copy.deepcopy(config)
+    template.num_hidden_layers, template.layer_types = len(layer_types), list(layer_types)
+    return template
 
 
 def build_graph(job: GraphJob) -> dict[str, Binding]:
     """Trace ``job``'s graph from its config into ``job.path``, the larger weights as placeholders; their bindings."""
-    model = empty_backbone(job.config)
-    names = state_names(model.config.layer_types)
+    layer_types = list(job.config.layer_types)
+    template = template_types(layer_types) if job.stamp else layer_types
+    model = empty_backbone(template_config(job.config, template))
+    names = state_names(layer_types)
     module: nn.Module
     if job.graph == "prefill":
         module, (args, shapes) = PrefillForward(model, job.prefill_embeds), prefill_example(model, job.example_length, job.prefill_embeds)
@@ -376,12 +391,18 @@ def build_graph(job: GraphJob) -> dict[str, Binding]:
     else:
         module, (args, shapes) = ContinueForward(model), continue_example(model, job.example_length)
         inputs, outputs = CONTINUE_INPUTS + [f"past_{n}" for n in names], ["hidden"]
-    progress.note(f"tracing {job.graph} ({len(model.layers)} layers, {job.recurrence} recurrence)")
+    progress.note(f"tracing {job.graph} ({len(template)} of {len(layer_types)} layers, {job.recurrence} recurrence)")
     # Everything on the meta device; the buffers built from the config (rotary frequencies) go in by value.
     buffers = {name: buffer.numpy() for name, buffer in model.named_buffers()}
     program = trace(module.to("meta"), tuple(arg.to("meta") for arg in args), shapes, job.recurrence)
     placeholders = _Placeholders({**job.values, **buffers}, "model.")
-    graph = to_onnx(program, shapes, inputs, outputs, job.opset, prepare=placeholders)
+
+    def prepare(translated: ir.Model) -> None:
+        if job.stamp:
+            stamp_layers(translated, template, layer_types)
+        placeholders(translated)
+
+    graph = to_onnx(program, shapes, inputs, outputs, job.opset, prepare=prepare)
     ir.save(graph, job.path)
     return placeholders.named(graph)
 
@@ -390,7 +411,7 @@ def prefill_names(embeds: bool) -> list[str]:
     return PREFILL_EMBEDS_INPUTS if embeds else PREFILL_INPUTS
 
 
-def _build_all(jobs: list[GraphJob]) -> list[dict[str, Binding]]:
+def build_graphs(jobs: list[GraphJob]) -> list[dict[str, Binding]]:
     """Every job's graph, side by side in worker processes (tracing is single-threaded Python), one per
     core this process may run on."""
     workers = min(len(jobs), len(os.sched_getaffinity(0)))
@@ -444,7 +465,7 @@ def export_graphs(
             for recurrence, graphs in files.items()
             for name, file in graphs.items()
         ]
-        bindings = _build_all(jobs)
+        bindings = build_graphs(jobs)
         traced_seconds = time.perf_counter() - started
         shared = SharedWeights(stage) if weights > external_data_bytes else None
         nodes: dict[str, dict[str, int]] = {recurrence: {} for recurrence in recurrences}
