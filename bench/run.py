@@ -77,19 +77,18 @@ def check(settings: Settings, manifests: Sequence[dict[str, Any]]) -> None:
 
 
 def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
-    """``reference``, then ``backend/target[/kernel][/precision][/unfused][/graphs][/gdn32][/unmerged]`` per engine,
+    """``reference``, then ``backend/target[/kernel][/precision][/unfused][/graphs][/gdn16][/merged]`` per engine,
     the precision where it is not float32, ``unfused`` for a CUDA build without op fusion, ``graphs`` for one
-    replaying CUDA graphs, ``gdn32`` and ``unmerged`` for a bf16 build without its float16 GatedDeltaNet inputs
-    or merged projections (numbered where two engines share one)."""
+    replaying CUDA graphs, ``gdn16`` and ``merged`` for a bf16 build with float16 GatedDeltaNet inputs or merged
+    projections (numbered where two engines share one)."""
     names = [REFERENCE]
     for manifest in manifests:
         precision = manifest.get("precision") if manifest.get("precision") != "fp32" else None
         unfused = "unfused" if manifest.get("op_fusion") is False and manifest["target"] == "cuda" else None
         graphs = "graphs" if manifest.get("cuda_graphs") else None
-        bf16 = precision == "bf16"
-        gdn32 = "gdn32" if bf16 and manifest.get("gated_delta_kernel") == "GatedDeltaNet" and manifest.get("gated_delta_inputs") == "fp32" else None
-        unmerged = "unmerged" if bf16 and manifest.get("merged_projections") is False else None
-        parts = (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision, unfused, graphs, gdn32, unmerged)
+        gdn16 = "gdn16" if manifest.get("gated_delta_inputs") == "fp16" else None
+        merged = "merged" if manifest.get("merged_projections") else None
+        parts = (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision, unfused, graphs, gdn16, merged)
         name = "/".join(part for part in parts if part)
         names.append(name if name not in names else f"{name}#{len(names)}")
     return names

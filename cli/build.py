@@ -36,9 +36,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gated-delta-inputs",
         choices=["fp16", "fp32"],
-        help="onnxruntime/cuda with the GatedDeltaNet kernel only: the type of its q, k and v (default fp16 at --precision bf16, "
-        "which its chunked tensor-core prefill engine needs for head size 128; fp32, the only choice at fp32 and tf32, runs "
-        "its sequential engine at every length); the state, decay and beta stay float32",
+        help="onnxruntime/cuda with the GatedDeltaNet kernel only: the type of its q, k and v (default fp32, which runs its "
+        "sequential engine at every length; fp16, at --precision bf16 only and opt-in until validated on an H200, is what "
+        "its chunked tensor-core prefill engine needs for head size 128); the state, decay and beta stay float32",
     )
     parser.add_argument(
         "--no-op-fusion",
@@ -48,11 +48,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(by default each becomes one SimplifiedLayerNormalization or Sigmoid, fewer kernel launches)",
     )
     parser.add_argument(
-        "--no-merged-projections",
-        dest="merged_projections",
-        action="store_false",
-        help="onnxruntime/cuda at --precision bf16 only: keep each weight GEMM of a layer apart (by default the projections "
-        "reading one activation, q|k|v, the Gated DeltaNet's inputs, gate|up, are one GEMM over their weights side by side)",
+        "--merged-projections",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="onnxruntime/cuda at --precision bf16 only, opt-in until validated on an H200: the projections reading one "
+        "activation (q|k|v, the Gated DeltaNet's inputs, gate|up) as one GEMM over their weights side by side",
     )
     parser.add_argument(
         "--cuda-graphs",

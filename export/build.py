@@ -9,10 +9,11 @@ execution provider options to run them with:
 - ``cuda``: the ``fused`` graphs where exported, each Gated DeltaNet layer one contrib node that
   ``--gated-delta-kernel`` picks (``s1omni.export.cuda_kernels``), at ``--precision bf16`` (the default, the
   fastest: weight GEMMs in bfloat16, ``s1omni.export.bf16_gemms``, held to the gpu-reduced gate), ``fp32``
-  (TF32 off; for parity work, the gpu gate) or ``tf32``. A bf16 build also feeds the GatedDeltaNet nodes
-  float16 q/k/v, which their chunked prefill engine needs (``--gated-delta-inputs fp32`` keeps float32),
-  and merges the projections that read one activation into one GEMM each (``s1omni.export.merged_projections``;
-  ``--no-merged-projections`` keeps them apart); fp32 and tf32 builds keep the exported graph's. TF32 matmuls are
+  (TF32 off; for parity work, the gpu gate) or ``tf32``. Two bf16 options are opt-in until an H200 record
+  shows a build with them passing gpu-reduced and faster: ``--gated-delta-inputs fp16`` feeds the GatedDeltaNet
+  nodes float16 q/k/v, which their chunked prefill engine needs, and ``--merged-projections`` merges the
+  projections that read one activation into one GEMM each (``s1omni.export.merged_projections``); fp32 and tf32
+  builds keep the exported graph's. TF32 matmuls are
   faster but flipped 2 of 24 span sets of the 0.8B synthetic member on the H200, a GPU-gate miss
   (``benchmarks/h200-0.8B-kernels``). Their norms and sigmoids become single ONNX Runtime ops
   (``s1omni.export.cuda_fusions``) unless ``--no-op-fusion``. By default (``--no-cuda-graphs`` turns it off) the runner replays each
@@ -127,13 +128,13 @@ def _graph_rewrites(
 
 
 def _gated_delta_inputs(requested: str | None, kernel: str | None, precision: str) -> str:
-    """The type of the GatedDeltaNet nodes' q/k/v: float16 by default in bf16 builds, float32 elsewhere."""
+    """The type of the GatedDeltaNet nodes' q/k/v: float32 unless float16 is asked for (bf16 builds only)."""
     reduced = kernel == "GatedDeltaNet" and precision == "bf16"
     if requested not in (None, *INPUT_TYPES):
         raise UsageError(f"--gated-delta-inputs is one of {', '.join(INPUT_TYPES)}")
     if requested == "fp16" and not reduced:
         raise UsageError("--gated-delta-inputs fp16 is for --precision bf16 builds with the GatedDeltaNet kernel")
-    return requested or ("fp16" if reduced else "fp32")
+    return requested or "fp32"
 
 
 def tensorrt_profiles(export_dir: Path, max_tokens: int) -> dict[str, dict[str, tuple[int, int, int]]]:
@@ -159,13 +160,13 @@ def build(
     op_fusion: bool = True,
     cuda_graphs: bool | None = None,
     gated_delta_inputs: str | None = None,
-    merged_projections: bool = True,
+    merged_projections: bool = False,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
     ``op_fusion`` (``s1omni.export.cuda_fusions``), ``cuda_graphs`` (``s1omni.runtime.runners.cuda_graphs``; None:
     on for onnxruntime/cuda), ``gated_delta_inputs``, the type of GatedDeltaNet's q/k/v
-    (``s1omni.export.cuda_kernels.INPUT_TYPES``; None: fp16 for bf16 builds) and ``merged_projections``
+    (``s1omni.export.cuda_kernels.INPUT_TYPES``; None: fp32) and ``merged_projections``
     (``s1omni.export.merged_projections``; bf16 builds only)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")

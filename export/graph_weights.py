@@ -135,6 +135,8 @@ def _placeholder(tensor: TensorProto) -> bool:
 def _read_ahead(source: TensorSource, bindings: Sequence[Binding]) -> Iterator[np.ndarray]:
     """Each binding's array in turn, the next one read and converted (in a thread: safetensors and torch
     release the GIL) while the caller writes this one. Two arrays at most are held at a time."""
+    if not bindings:  # every weight of this graph was written for the other one
+        return
     with ThreadPoolExecutor(1) as reader:
         ahead = [reader.submit(_array, source, binding) for binding in bindings[:1]]
         for following in [*bindings[1:], None]:

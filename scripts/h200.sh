@@ -14,10 +14,9 @@
 #             too; TensorRT is not run here), timed: export-SIZE.txt has the wall time and the host's peak
 #             memory in use against the size of weights.data
 #   build     ONNX Runtime CUDA engines: one per $KERNELS (GatedDeltaNet, LinearAttention) and $PRECISIONS
-#             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16, merged projections and float16
-#             Gated DeltaNet q/k/v; tf32; suffixes: "/unfused" builds with --no-op-fusion, "/graphs" with
-#             --cuda-graphs, "/gdn32" with --gated-delta-inputs fp32, "/unmerged" with --no-merged-projections,
-#             e.g. fp32/graphs; a bf16 before/after run: PRECISIONS=bf16/graphs/gdn32/unmerged,bf16/graphs/unmerged,bf16/graphs)
+#             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16; tf32; suffixes: "/unfused" builds
+#             with --no-op-fusion, "/graphs" with --cuda-graphs, "/gdn16" with --gated-delta-inputs fp16, "/merged" with --merged-projections,
+#             e.g. fp32/graphs; a bf16 before/after run: PRECISIONS=bf16/graphs,bf16/graphs/gdn16,bf16/graphs/gdn16/merged)
 #   validate  each engine at the GPU gate against the float32 torch reference on the same GPU
 #   bench     the validated engines against the BF16 torch reference in the same run (timed twice
 #             where flash-linear-attention imports: the torch fallback and reference+fla, its Triton
@@ -55,9 +54,9 @@ variants=()  # kernel:precision
 for kernel in ${kernels//,/ }; do
   for precision in ${precisions//,/ }; do variants+=("$kernel:$precision"); done
 done
-# kernel:precision[/unfused][/graphs][/gdn32][/unmerged] -> kernel[-precision][-unfused][-graphs][-gdn32][-unmerged],
+# kernel:precision[/unfused][/graphs][/gdn16][/merged] -> kernel[-precision][-unfused][-graphs][-gdn16][-merged],
 # the precision where it is not fp32
-SUFFIXES=(unfused graphs gdn32 unmerged)
+SUFFIXES=(unfused graphs gdn16 merged)
 has() { [[ "/$1/" == *"/$2/"* ]]; }
 name() {
   local p=${1#*:} n=${1%:*} suffix
@@ -99,8 +98,8 @@ if wants build; then
     precision=${variant#*:} flags=()
     if has "$precision" unfused; then flags+=(--no-op-fusion); fi
     if has "$precision" graphs; then flags+=(--cuda-graphs); else flags+=(--no-cuda-graphs); fi  # graphs are the build default
-    if has "$precision" gdn32; then flags+=(--gated-delta-inputs fp32); fi
-    if has "$precision" unmerged; then flags+=(--no-merged-projections); fi
+    if has "$precision" gdn16; then flags+=(--gated-delta-inputs fp16); fi
+    if has "$precision" merged; then flags+=(--merged-projections); fi
     s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "${variant%:*}" --precision "${precision%%/*}" \
       "${flags[@]}" --out "$(engine "$variant")"
   done

@@ -74,7 +74,7 @@ def _rounded_side_by_side(parts: list[onnx.TensorProto], directory: Path) -> np.
 @pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])
 def test_cuda_build_runs_every_weight_gemm_in_bfloat16(exported: Path, tmp_path: Path, merged: bool) -> None:
     engine = tmp_path / "bf16"
-    progress = build_cuda_engine(exported, engine, "--precision", "bf16", *(() if merged else ("--no-merged-projections",)))
+    progress = build_cuda_engine(exported, engine, "--precision", "bf16", *(("--merged-projections",) if merged else ()))
     done = "8 merged projections, 16 bfloat16 GEMMs" if merged else "31 bfloat16 GEMMs"
     assert f"prefill.onnx: 3 GatedDeltaNet nodes, 20 fused norms, 14 sigmoids, {done}" in progress
     manifest = json.loads((engine / "manifest.json").read_text())
@@ -220,16 +220,17 @@ def test_portable_graphs_are_refused(exported: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kernel", ["LinearAttention", "GatedDeltaNet"])
 def test_bfloat16_engine_emulated_on_the_cpu_keeps_every_clear_decision(exported: Path, tiny_vela: Path, tmp_path: Path, kernel: str) -> None:
-    """The whole engine, answers included, at gpu-reduced (its precision is bf16): built for CUDA as by
-    default (merged projections; with GatedDeltaNet, its float16 q/k/v), its graphs emulated, its manifest
-    pointed at the CPU.
+    """The whole engine, answers included, at gpu-reduced (its precision is bf16): built for CUDA with both
+    opt-in options (merged projections; with GatedDeltaNet, its float16 q/k/v), its graphs emulated, its
+    manifest pointed at the CPU.
 
     On the tiny member every decision with a clear margin stands, but probabilities move by up to 0.085,
     past the gate's 0.02, and 10 of 24 span sets change (labels of near-equal score trade places): the
     figures the README quotes for bfloat16 GEMMs on random weights.
     """
     engine = tmp_path / "bf16"
-    build_cuda_engine(exported, engine, "--gated-delta-kernel", kernel, "--precision", "bf16")
+    fp16 = ("--gated-delta-inputs", "fp16") if kernel == "GatedDeltaNet" else ()
+    build_cuda_engine(exported, engine, "--gated-delta-kernel", kernel, "--precision", "bf16", "--merged-projections", *fp16)
     for graph in ("prefill", "continue"):
         model = onnx.load(str(engine / f"{graph}.onnx"))
         emulated = _emulated(gated_delta_net_emulated(model, "fp16") if kernel == "GatedDeltaNet" else model, engine)

@@ -128,12 +128,13 @@ def test_the_build_says_whether_the_chunked_engine_can_run() -> None:
 
 
 def test_the_options_are_recorded_and_fp32_builds_keep_their_graph(exported: Path, tmp_path: Path) -> None:
-    """bf16 builds feed float16 q/k/v and merge projections unless told not to; fp32 builds do neither."""
+    """bf16 builds feed float16 q/k/v and merge projections when asked to (opt-in until validated on an H200);
+    fp32 builds do neither."""
     facts, splits = {}, Counter(node.op_type for node in onnx.load(str(exported / "prefill.fused.onnx")).graph.node)["Split"]
     variants = {
+        "bf16-both": ["--precision", "bf16", "--gated-delta-inputs", "fp16", "--merged-projections"],
+        "bf16-unfused": ["--precision", "bf16", "--gated-delta-inputs", "fp16", "--merged-projections", "--no-op-fusion"],
         "bf16": ["--precision", "bf16"],
-        "bf16-unfused": ["--precision", "bf16", "--no-op-fusion"],
-        "bf16-before": ["--precision", "bf16", "--gated-delta-inputs", "fp32", "--no-merged-projections"],
         "fp32": [],
     }
     for name, options in variants.items():
@@ -145,12 +146,12 @@ def test_the_options_are_recorded_and_fp32_builds_keep_their_graph(exported: Pat
         # The tiny member's head size is 16: the build says the chunked engine cannot run, whatever the inputs.
         assert "prefill.onnx: GatedDeltaNet runs its sequential engine at every length" in progress
         assert "head sizes (key, value) 16 and 16, not 128" in progress
-    assert facts == {"bf16": ("fp16", True, 8, 9), "bf16-unfused": ("fp16", True, 8, 9), "bf16-before": ("fp32", False, 0, 0),
+    assert facts == {"bf16-both": ("fp16", True, 8, 9), "bf16-unfused": ("fp16", True, 8, 9), "bf16": ("fp32", False, 0, 0),
                      "fp32": ("fp32", False, 0, 0)}  # fmt: skip
     for graph in ("prefill", "continue"):  # both rewrites together (the fused norms are ONNX Runtime's, which onnx does not know)
         onnx.checker.check_model(str(tmp_path / "bf16-unfused" / f"{graph}.onnx"))
     matmuls = [Counter(n.op_type for n in onnx.load(str(path)).graph.node)["MatMul"] for path in
-                (tmp_path / "fp32" / "prefill.onnx", tmp_path / "bf16-before" / "prefill.onnx", exported / "prefill.fused.onnx")]  # fmt: skip
+                (tmp_path / "fp32" / "prefill.onnx", tmp_path / "bf16" / "prefill.onnx", exported / "prefill.fused.onnx")]  # fmt: skip
     assert matmuls == [34, 34, 34]  # every projection its own GEMM, as exported
 
 
@@ -183,10 +184,10 @@ def test_gated_delta_net_with_float16_inputs_computes_linear_attention_on_the_gp
 
 @pytest.mark.gpu
 @needs_cuda
-def test_the_default_bf16_engine_runs_as_the_linear_attention_engine_on_the_gpu(exported: Path, tmp_path: Path) -> None:
-    """The tiny member built with the new defaults (bf16 GEMMs, merged projections, GatedDeltaNet with float16
+def test_the_float16_bf16_engine_runs_as_the_linear_attention_engine_on_the_gpu(exported: Path, tmp_path: Path) -> None:
+    """The tiny member built with both options (bf16 GEMMs, merged projections, GatedDeltaNet with float16
     q/k/v) against the same build with ``LinearAttention``, prefill graphs on the CUDA EP."""
-    build_cuda_engine(exported, tmp_path / "new", "--precision", "bf16")
+    build_cuda_engine(exported, tmp_path / "new", "--precision", "bf16", "--gated-delta-inputs", "fp16", "--merged-projections")
     build_cuda_engine(exported, tmp_path / "linear", "--precision", "bf16", "--gated-delta-kernel", "LinearAttention")
     ids = np.random.default_rng(5).integers(1, 2048, 300)
     feeds = {"input_ids": ids[None], "position_ids": text_positions(0, len(ids))[:, None],
