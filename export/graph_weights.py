@@ -134,16 +134,17 @@ def _placeholder(tensor: TensorProto) -> bool:
 
 def _read_ahead(source: TensorSource, bindings: Sequence[Binding]) -> Iterator[np.ndarray]:
     """Each binding's array in turn, the next one read and converted (in a thread: safetensors and torch
-    release the GIL) while the caller writes this one: three arrays at most are alive at a time."""
-    if not bindings:
+    release the GIL) while the caller writes this one. Two arrays at most are held at a time."""
+    if not bindings:  # every weight of this graph was written for the other one
         return
     with ThreadPoolExecutor(1) as reader:
-        pending = reader.submit(_array, source, bindings[0])
-        for following in bindings[1:]:
-            values = pending.result()
-            pending = reader.submit(_array, source, following)
+        ahead = [reader.submit(_array, source, binding) for binding in bindings[:1]]
+        for following in [*bindings[1:], None]:
+            values = ahead.pop().result()
+            if following is not None:
+                ahead.append(reader.submit(_array, source, following))
             yield values
-        yield pending.result()
+            del values
 
 
 def bind_weights(model: onnx.ModelProto, bindings: Mapping[str, Binding], source: TensorSource, shared: SharedWeights | None) -> None:

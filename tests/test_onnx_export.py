@@ -146,10 +146,10 @@ def test_export_writes_checked_graphs(engine: Path) -> None:
 
 @pytest.mark.slow
 def test_graphs_are_the_loaded_models_own_trace(engine: Path, reference: TorchRunner) -> None:
-    """Traced from the config (its first three layers, the fourth stamped: ``s1omni.export.layer_stamp``) with
-    the weights bound afterwards and optimised without ``QUADRATIC_RULES``, a graph is what tracing the
-    loaded model gives with the default optimiser: the same nodes in the same order, wired alike, inputs
-    and outputs, and the same initializers, byte for byte."""
+    """Traced from the config (layers 0 and 1 and an attention layer; layers 2 and 3 stamped from them,
+    ``s1omni.export.layer_stamp``) with the weights bound afterwards and optimised without
+    ``QUADRATIC_RULES``, a graph is what tracing the loaded model gives with the default optimiser: the
+    same nodes in the same order, wired alike, inputs and outputs, and the same initializers, byte for byte."""
     model = reference.model
     args, shapes = prefill_example(model, EXAMPLE_LENGTH)
     outputs = ["hidden", *state_names(model.config.layer_types)]
