@@ -56,6 +56,7 @@ import onnx_ir as ir
 import torch
 from onnx.defs import OpSchema
 from onnxscript import opset18 as op
+from onnxscript import rewriter
 from onnxscript.optimizer._constant_folding import FOLDED_FROM_KEY
 from onnxscript.values import Op, Opset
 from torch import nn
@@ -74,6 +75,10 @@ OPSET = 18  # Scan, Trilu, CumSum and Softplus are all there; TensorRT 10 parses
 EXTERNAL_DATA_BYTES = 1_500_000_000  # weights above this go to weights.data (protobuf stops at 2 GiB)
 GRAPHS = ("prefill", "continue")
 EXAMPLE_LENGTH = 70  # crosses a chunk boundary; any length traces the same graph
+# The optimiser's one rule of two output nodes matches each Slice against every node of the graph, a
+# cost that grows with the square of the layers (85% of the optimiser's time at 16 layers); it rewrites
+# nothing in these graphs, which are byte for byte the same without it (tests/test_onnx_export.py).
+QUADRATIC_RULES = ("SlicesSplit",)
 PREFILL_INPUTS = ["input_ids", "position_ids", "attention_mask", "readout_index"]
 # Vision members' prefill: token embeddings with the image features in place (the runner looks them up).
 PREFILL_EMBEDS_INPUTS = ["inputs_embeds", "position_ids", "attention_mask", "readout_index"]
@@ -268,6 +273,17 @@ def trace(module: nn.Module, args: tuple[torch.Tensor, ...], shapes: tuple[Any, 
         return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
 
 
+@contextmanager
+def rewrite_rules_left_out(names: tuple[str, ...]) -> Iterator[None]:
+    """The onnxscript optimiser's default rewrite rules less ``names``, for the duration of the block."""
+    rules = rewriter._DEFAULT_REWRITE_RULES  # what ``optimize_ir`` applies, read when it runs
+    rewriter._DEFAULT_REWRITE_RULES = tuple(rule for rule in rules if rule.name not in names)
+    try:
+        yield
+    finally:
+        rewriter._DEFAULT_REWRITE_RULES = rules
+
+
 def to_onnx(
     program: torch.export.ExportedProgram,
     shapes: tuple[Any, ...],
@@ -275,9 +291,11 @@ def to_onnx(
     outputs: list[str],
     opset: int,
     prepare: Callable[[ir.Model], None] | None = None,
+    rules_left_out: tuple[str, ...] = QUADRATIC_RULES,
 ) -> ir.Model:
-    """The exported program as an ONNX model, optimised as the exporter optimises (constants folded), then
-    its inputs and outputs named. ``prepare`` sees the translated model before the optimiser does."""
+    """The exported program as an ONNX model, optimised as the exporter optimises (constants folded) less
+    ``rules_left_out``, then its inputs and outputs named. ``prepare`` sees the translated model before
+    the optimiser does."""
     # Without grad: with it, decomposing the scan goes through its autograd partitioner, which fails.
     with torch.no_grad(), quiet_third_party():
         onnx_program = torch.onnx.export(
@@ -291,7 +309,8 @@ def to_onnx(
         )
         if prepare:
             prepare(onnx_program.model)
-        onnx_program.optimize()
+        with rewrite_rules_left_out(rules_left_out):
+            onnx_program.optimize()
     model = onnx_program.model
     for values, names in ((model.graph.inputs, inputs), (model.graph.outputs, outputs)):
         if len(values) != len(names):

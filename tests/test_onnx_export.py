@@ -146,13 +146,15 @@ def test_export_writes_checked_graphs(engine: Path) -> None:
 
 @pytest.mark.slow
 def test_graphs_are_the_loaded_models_own_trace(engine: Path, reference: TorchRunner) -> None:
-    """Traced from the config (its first three layers, the fourth stamped: ``s1omni.export.layer_stamp``) with
-    the weights bound afterwards, a graph is what tracing the loaded model gives: the same nodes in the
-    same order, wired alike, inputs and outputs, and the same initializers, byte for byte."""
+    """Traced from the config (layers 0 and 1 and an attention layer; layers 2 and 3 stamped from them,
+    ``s1omni.export.layer_stamp``) with the weights bound afterwards and optimised without
+    ``QUADRATIC_RULES``, a graph is what tracing the loaded model gives with the default optimiser: the
+    same nodes in the same order, wired alike, inputs and outputs, and the same initializers, byte for byte."""
     model = reference.model
     args, shapes = prefill_example(model, EXAMPLE_LENGTH)
     outputs = ["hidden", *state_names(model.config.layer_types)]
-    own = ir.to_proto(to_onnx(trace(PrefillForward(model), args, shapes, "fused"), shapes, PREFILL_INPUTS, outputs, OPSET))
+    # Optimised with every default rule, those the export leaves out (QUADRATIC_RULES) included.
+    own = ir.to_proto(to_onnx(trace(PrefillForward(model), args, shapes, "fused"), shapes, PREFILL_INPUTS, outputs, OPSET, rules_left_out=()))
     found = onnx.load(str(engine / "prefill.fused.onnx"))
     assert [v.name for v in found.graph.input] == PREFILL_INPUTS and [v.name for v in found.graph.output] == outputs
     assert [v.name for v in own.graph.input] == PREFILL_INPUTS and [v.name for v in own.graph.output] == outputs
@@ -214,6 +216,23 @@ def test_weights_are_bound_by_name_and_transposed_as_traced(tmp_path: Path) -> N
     bind_weights(outside, {"w": Binding("proj", (1, 0))}, _Weights(proj=matrix), SharedWeights(tmp_path))
     assert numpy_helper.to_array(outside.graph.initializer[0], str(tmp_path)).tobytes() == matrix.T.tobytes()
     assert (tmp_path / WEIGHTS_FILE).stat().st_size == matrix.nbytes
+
+
+def test_a_weight_written_for_one_graph_is_not_read_again_for_the_next(tmp_path: Path) -> None:
+    matrix = np.arange(6, dtype=np.float32).reshape(2, 3)
+    reads: list[str] = []
+
+    class Counted(_Weights):
+        def read(self, name: str) -> np.ndarray:
+            reads.append(name)
+            return super().read(name)
+
+    shared, source = SharedWeights(tmp_path), Counted(proj=matrix)
+    first, second = _placeholder_graph(3, 2), _placeholder_graph(3, 2)
+    for graph in (first, second):
+        bind_weights(graph, {"w": Binding("proj", (1, 0))}, source, shared)
+    assert reads == ["proj"] and (tmp_path / WEIGHTS_FILE).stat().st_size == matrix.nbytes
+    assert numpy_helper.to_array(second.graph.initializer[0], str(tmp_path)).tobytes() == matrix.T.tobytes()
 
 
 @pytest.mark.parametrize(
