@@ -356,11 +356,12 @@ def gated_delta_net_forward(
 
 
 def _query_chunk_step(
-    carry: torch.Tensor, chunk: tuple[torch.Tensor, torch.Tensor], keys: KeyMask, key: torch.Tensor, value: torch.Tensor, scaling: float
+    carry: torch.Tensor, chunk: tuple[torch.Tensor, torch.Tensor], keys: KeyMask, key_t: torch.Tensor, value: torch.Tensor, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk of queries over every key (the ``Scan`` body): HF's eager attention, its mask built for these rows only."""
+    """One chunk of queries over every key (the ``Scan`` body): HF's eager attention, its mask built for these rows only.
+    ``key_t`` is the keys transposed once for all chunks ``[B, H, D, T]``."""
     query, steps = chunk
-    weights = torch.matmul(query, key.transpose(2, 3)) * scaling + keys.bias(steps)
+    weights = torch.matmul(query, key_t) * scaling + keys.bias(steps)
     weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     return carry.clone(), torch.matmul(weights, value)
 
@@ -378,7 +379,7 @@ def chunked_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     pad_size = chunks * size - length
     query = F.pad(query, (0, 0, 0, pad_size)).reshape(batch, heads, chunks, size, head_dim).movedim(2, 0)
     steps = torch.arange(chunks * size, device=query.device).reshape(chunks, size)
-    step = partial(_query_chunk_step, keys=keys, key=key, value=value, scaling=module.scaling)
+    step = partial(_query_chunk_step, keys=keys, key_t=key.transpose(2, 3), value=value, scaling=module.scaling)
     _, out = scan(step, query.new_zeros(()), (query, steps))
     # As in the delta rule: a copy, then a view, then a crop by negative padding (symbolic shapes stay exact).
     out = out.movedim(0, 2).clone(memory_format=torch.contiguous_format).view(batch, heads, chunks * size, head_dim)
