@@ -135,23 +135,20 @@ class ExplicitState:
     """What the patched mixers read (``past``, the key mask) and write (``present``) in one forward."""
 
     keys: KeyMask
-    queries: int  # the forward's query steps (its sequence length)
+    # ``keys.bias`` over every query [B, 1, S, P + S], before any layer, shared by the unchunked layers;
+    # a graph whose layers all attend in chunks never reads it, and the exporter drops it.
+    bias: torch.Tensor
     past: dict[str, torch.Tensor] = field(default_factory=dict)
     realign: Realign | None = None
     present: dict[str, torch.Tensor] = field(default_factory=dict)
-    full_bias: torch.Tensor | None = None  # ``keys.bias`` over all queries, built once for every unchunked layer
-
-    def bias(self) -> torch.Tensor:
-        if self.full_bias is None:
-            self.full_bias = self.keys.bias(torch.arange(self.queries, device=self.keys.valid.device))
-        return self.full_bias
 
 
 def prefill_state(attention_mask: torch.Tensor) -> ExplicitState:
     """A fresh state for left-padded rows: causal attention over valid keys, realigned delta rule."""
     valid = attention_mask.bool()
     steps = torch.arange(valid.shape[1], device=valid.device)
-    return ExplicitState(KeyMask(valid, steps), valid.shape[1], realign=Realign.from_mask(valid))
+    keys = KeyMask(valid, steps)
+    return ExplicitState(keys, keys.bias(steps), realign=Realign.from_mask(valid))
 
 
 def continue_state(past_mask: torch.Tensor, length: int, past: dict[str, torch.Tensor]) -> ExplicitState:
@@ -159,7 +156,9 @@ def continue_state(past_mask: torch.Tensor, length: int, past: dict[str, torch.T
     batch, device = past_mask.shape[0], past_mask.device
     valid = torch.cat([past_mask.bool(), torch.ones(batch, length, dtype=torch.bool, device=device)], dim=-1)
     prefix = torch.full((past_mask.shape[1],), -1, dtype=torch.int64, device=device)
-    return ExplicitState(KeyMask(valid, torch.cat([prefix, torch.arange(length, device=device)])), length, past=past)
+    steps = torch.arange(length, device=device)
+    keys = KeyMask(valid, torch.cat([prefix, steps]))
+    return ExplicitState(keys, keys.bias(steps), past=past)
 
 
 def unit_lower_inverse(system: torch.Tensor) -> torch.Tensor:
@@ -412,7 +411,7 @@ def attention_forward(
         key_states = torch.cat([state.past[f"key.{self.layer_idx}"], key_states], dim=2)
         value_states = torch.cat([state.past[f"value.{self.layer_idx}"], value_states], dim=2)
     if query_chunk is None:
-        attn_output, _ = eager_attention_forward(self, query_states, key_states, value_states, state.bias(), scaling=self.scaling)
+        attn_output, _ = eager_attention_forward(self, query_states, key_states, value_states, state.bias, scaling=self.scaling)
     else:
         attn_output = chunked_attention(self, query_states, key_states, value_states, state.keys, query_chunk)
     attn_output = attn_output.reshape(*input_shape, -1).contiguous() * torch.sigmoid(gate)

@@ -55,7 +55,7 @@ class BothForms(nn.Module):
             key, value = (torch.cat([before, own], dim=2) for before, own in zip(past, (key, value), strict=True))
         else:
             state = prefill_state(mask)
-        unchunked, _ = eager_attention_forward(self.attention, query, key, value, state.bias(), scaling=self.attention.scaling)
+        unchunked, _ = eager_attention_forward(self.attention, query, key, value, state.bias, scaling=self.attention.scaling)
         return chunked_attention(self.attention, query, key, value, state.keys, self.size), unchunked
 
 
