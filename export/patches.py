@@ -20,19 +20,19 @@ inside the token mixers. The two token mixers are swapped, per instance and only
   ``scan`` (``chunked_attention``: one ONNX ``Scan``), each chunk's mask built inside from the key
   mask and its own query steps, so no ``[S, T]`` scores or mask of the whole sequence exist (the
   18,557-token calibration case prefills 5 rows 5,495 wide: 0.6 GB of mask and 2.4 GB each of
-  scores and probabilities unchunked, for the tiny member's 4 heads). Every row's products, mask, softmax and weighted
-  sum are the unchunked graph's, so ONNX Runtime's results are bitwise equal, except that a call of
-  one query (a one-token block) has the unchunked MatMuls take MLAS's single-row kernel, whose sums run
-  in another order (up to 4.8e-7 apart on the tiny member). The fused graphs attend unchunked: ONNX
-  Runtime captures no CUDA graph of a model with control flow.
+  scores and probabilities unchunked, for the tiny member's 4 heads). Every row's products, mask,
+  softmax and weighted sum are the unchunked graph's, so ONNX Runtime's results are bitwise equal,
+  except that a call of one query (a one-token block) has the unchunked MatMuls take MLAS's
+  single-row kernel, whose sums run in another order (up to 4.8e-7 apart on the tiny member). The
+  fused graphs attend unchunked: ONNX Runtime captures no CUDA graph of a model with control flow.
 
   The chunk size, from one prefill row of the tiny member on one thread of a 2-core CPU (ONNX
   Runtime 1.31): CPU time at 2,048 / 18,557 tokens and peak RSS at 18,557 were 0.16 s / 12.9 s /
   0.45 GB for 64 queries a chunk, 0.15 s / 13.0 s / 0.51 GB for 256, 0.22 s / 14.1 s / 1.04 GB for
-  1,024; unchunked, 0.22 s at 2,048 and 12.4 GB at 18,557. 64 is as fast as any,
-  needs the least memory (the chunk's scores grow with the heads: 16 heads at 18k keys are 76 MB
-  a chunk), and is the delta rule's chunk, so the traced example and the export check's lengths cross
-  its boundaries too (a trace whose rows fit in one chunk would specialise the chunk count to 1).
+  1,024; unchunked, 0.22 s at 2,048 and 12.4 GB at 18,557. 64 is as fast as any, needs the least
+  memory (a chunk's scores grow with the heads: 16 heads over 18k keys are 76 MB a chunk), and is
+  the delta rule's chunk, so the traced example and the export check's lengths cross its boundaries
+  too (a trace whose rows all fit in one chunk would specialise the chunk count to 1).
 
 Left-padded prefill rows: the Gated DeltaNet mixer rotates each row so its real tokens come first
 (``Realign``), which reproduces the unpadded reference's chunk boundaries and end padding exactly;
@@ -365,7 +365,9 @@ def _query_chunk_step(
     return carry.clone(), torch.matmul(weights, value)
 
 
-def chunked_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keys: KeyMask, size: int) -> torch.Tensor:
+def chunked_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keys: KeyMask, size: int
+) -> torch.Tensor:
     """transformers' ``eager_attention_forward`` (no dropout) over ``size`` queries at a time: ``[B, S, H, D]``.
 
     Each row's scores, mask, softmax and weighted sum are those of the unchunked call; only the

@@ -172,7 +172,8 @@ def test_validating_the_long_case_stays_within_its_memory(exported: Path, tiny_m
         "tokens = sum(len(t.prefix.ids) + sum(len(b.ids) for b in t.blocks) for t in trees)\n"
         "print(json.dumps({'tokens': tokens, 'peak': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script, str(exported), str(tmp_path / "feeds.npz")], capture_output=True, text=True, check=True)
+    command = [sys.executable, "-c", script, str(exported), str(tmp_path / "feeds.npz")]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
     figures = json.loads(result.stdout)
     assert figures["tokens"] == 18557
     assert figures["peak"] < PEAK_BYTES, f"peak RSS {figures['peak'] / 1e9:.2f} GB"
