@@ -14,8 +14,25 @@ inside the token mixers. The two token mixers are swapped, per instance and only
   With ``recurrence="fused"`` the rule is instead one ``s1omni::gated_delta_rule`` call, which the
   exporter lowers to ONNX Runtime's ``com.microsoft`` ``LinearAttention`` (``gated_delta``): one
   node per layer with CPU and CUDA kernels, where the ``Scan`` runs its body once per chunk.
-- Attention: attends over ``[prefix K/V ; own K/V]`` with an additive mask built in the graph from
-  the key mask and causality, and records its K/V post-norm and post-RoPE, as HF caches them.
+- Attention: attends over ``[prefix K/V ; own K/V]`` with HF's additive mask (``KeyMask``: the key
+  mask and causality), and records its K/V post-norm and post-RoPE, as HF caches them. In the
+  portable graphs (``recurrence="scan"``) the queries go ``QUERY_CHUNKS["scan"]`` at a time through a
+  ``scan`` (``chunked_attention``: one ONNX ``Scan``), each chunk's mask built inside from the key
+  mask and its own query steps, so no ``[S, T]`` scores or mask of the whole sequence exist (the
+  18,557-token calibration case prefills 5 rows 5,495 wide: 0.6 GB of mask and 2.4 GB each of
+  scores and probabilities unchunked, for the tiny member's 4 heads). Every row's products, mask,
+  softmax and weighted sum are the unchunked graph's, so ONNX Runtime's results are bitwise equal,
+  except that a call of one query (a one-token block) has the unchunked MatMuls take MLAS's
+  single-row kernel, whose sums run in another order (up to 4.8e-7 apart on the tiny member). The
+  fused graphs attend unchunked: ONNX Runtime captures no CUDA graph of a model with control flow.
+
+  The chunk size, from one prefill row of the tiny member on one thread of a 2-core CPU (ONNX
+  Runtime 1.31): CPU time at 2,048 / 18,557 tokens and peak RSS at 18,557 were 0.16 s / 12.9 s /
+  0.45 GB for 64 queries a chunk, 0.15 s / 13.0 s / 0.51 GB for 256, 0.22 s / 14.1 s / 1.04 GB for
+  1,024; unchunked, 0.22 s at 2,048 and 12.4 GB at 18,557. 64 is as fast as any, needs the least
+  memory (a chunk's scores grow with the heads: 16 heads over 18k keys are 76 MB a chunk), and is
+  the delta rule's chunk, so the traced example and the export check's lengths cross its boundaries
+  too (a trace whose rows all fit in one chunk would specialise the chunk count to 1).
 
 Left-padded prefill rows: the Gated DeltaNet mixer rotates each row so its real tokens come first
 (``Realign``), which reproduces the unpadded reference's chunk boundaries and end padding exactly;
@@ -35,10 +52,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch._higher_order_ops.scan import scan
 from transformers.activations import ACT2FN
-from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb, eager_attention_forward, l2norm
+from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb, eager_attention_forward, l2norm, repeat_kv
 
 RECURRENCES = ("scan", "fused")  # the portable ONNX Scan, or ONNX Runtime's fused kernel
 CHUNK = 64  # the reference's chunk size (torch_chunk_gated_delta_rule's default, FLA's too)
+# Queries per attention chunk in each recurrence's graphs; the fused (CUDA EP) graphs attend unchunked,
+# as a Scan keeps ONNX Runtime from capturing CUDA graphs.
+QUERY_CHUNKS: dict[str, int | None] = {"scan": 64, "fused": None}
 MASKED = torch.finfo(torch.float32).min  # what HF's eager masks add: finite, so fully masked rows stay finite
 
 
@@ -88,10 +108,36 @@ class Realign:
 
 
 @dataclass
-class ExplicitState:
-    """What the patched mixers read (``past``, the mask) and write (``present``) in one forward."""
+class KeyMask:
+    """Which keys each query of one forward attends: key ``t`` of row ``b`` is seen by query step ``q``
+    when ``valid[b, t]`` and ``order[t] <= q``. Prefill keys are the queries' own steps (causal over a
+    left-padded row); continue keys are the prefix's (order -1: seen by every query) then the block's."""
 
-    bias: torch.Tensor  # additive attention mask [B, 1, S, P + S]
+    valid: torch.Tensor  # bool [B, T]
+    order: torch.Tensor  # int64 [T]
+
+    def allowed(self, queries: torch.Tensor) -> torch.Tensor:
+        """bool ``[B, Q, T]`` for query steps ``queries`` ``[Q]``."""
+        return self.valid[:, None, :] & (self.order[None, :] <= queries[:, None])[None]
+
+    def bias(self, queries: torch.Tensor) -> torch.Tensor:
+        """The additive mask ``[B, 1, Q, T]`` HF's eager attention takes: 0 where allowed, ``MASKED`` elsewhere."""
+        return _bias(self.allowed(queries))
+
+
+def _bias(allowed: torch.Tensor) -> torch.Tensor:
+    zero = torch.zeros((), dtype=torch.float32, device=allowed.device)
+    return torch.where(allowed, zero, zero + MASKED)[:, None]
+
+
+@dataclass
+class ExplicitState:
+    """What the patched mixers read (``past``, the key mask) and write (``present``) in one forward."""
+
+    keys: KeyMask
+    # ``keys.bias`` over every query [B, 1, S, P + S], before any layer, shared by the unchunked layers;
+    # a graph whose layers all attend in chunks never reads it, and the exporter drops it.
+    bias: torch.Tensor
     past: dict[str, torch.Tensor] = field(default_factory=dict)
     realign: Realign | None = None
     present: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -101,21 +147,18 @@ def prefill_state(attention_mask: torch.Tensor) -> ExplicitState:
     """A fresh state for left-padded rows: causal attention over valid keys, realigned delta rule."""
     valid = attention_mask.bool()
     steps = torch.arange(valid.shape[1], device=valid.device)
-    allowed = (steps[None, :] <= steps[:, None])[None] & valid[:, None, :]
-    return ExplicitState(bias=_bias(allowed), realign=Realign.from_mask(valid))
+    keys = KeyMask(valid, steps)
+    return ExplicitState(keys, keys.bias(steps), realign=Realign.from_mask(valid))
 
 
 def continue_state(past_mask: torch.Tensor, length: int, past: dict[str, torch.Tensor]) -> ExplicitState:
     """Blocks of ``length`` tokens after a prefix: the valid prefix keys, then their own keys causally."""
-    steps = torch.arange(length, device=past_mask.device)
-    own = (steps[None, :] <= steps[:, None])[None].expand(past_mask.shape[0], -1, -1)
-    prefix = past_mask.bool()[:, None, :].expand(-1, length, -1)
-    return ExplicitState(bias=_bias(torch.cat([prefix, own], dim=-1)), past=past)
-
-
-def _bias(allowed: torch.Tensor) -> torch.Tensor:
-    zero = torch.zeros((), dtype=torch.float32, device=allowed.device)
-    return torch.where(allowed, zero, zero + MASKED)[:, None]
+    batch, device = past_mask.shape[0], past_mask.device
+    valid = torch.cat([past_mask.bool(), torch.ones(batch, length, dtype=torch.bool, device=device)], dim=-1)
+    prefix = torch.full((past_mask.shape[1],), -1, dtype=torch.int64, device=device)
+    steps = torch.arange(length, device=device)
+    keys = KeyMask(valid, torch.cat([prefix, steps]))
+    return ExplicitState(keys, keys.bias(steps), past=past)
 
 
 def unit_lower_inverse(system: torch.Tensor) -> torch.Tensor:
@@ -311,10 +354,49 @@ def gated_delta_net_forward(
     return output if realign is None else rows(output, realign.back)
 
 
+def _query_chunk_step(
+    carry: torch.Tensor, chunk: tuple[torch.Tensor, torch.Tensor], keys: KeyMask, key_t: torch.Tensor, value: torch.Tensor, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of queries over every key (the ``Scan`` body): HF's eager attention, its mask built for these rows only.
+    ``key_t`` is the keys transposed once for all chunks ``[B, H, D, T]``."""
+    query, steps = chunk
+    weights = torch.matmul(query, key_t) * scaling + keys.bias(steps)
+    weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    return carry.clone(), torch.matmul(weights, value)
+
+
+def chunked_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keys: KeyMask, size: int
+) -> torch.Tensor:
+    """transformers' ``eager_attention_forward`` (no dropout) over ``size`` queries at a time: ``[B, S, H, D]``.
+
+    Each row's scores, mask, softmax and weighted sum are those of the unchunked call; only the
+    ``[B, H, size, T]`` scores of one chunk exist at once. The chunks are a ``scan`` (one ONNX ``Scan``,
+    whatever their number); the queries past the last are zeros whose rows are dropped.
+    """
+    batch, heads, length, head_dim = query.shape
+    key, value = (repeat_kv(x, module.num_key_value_groups) for x in (key, value))
+    chunks = (length + size - 1) // size
+    pad_size = chunks * size - length
+    query = F.pad(query, (0, 0, 0, pad_size)).reshape(batch, heads, chunks, size, head_dim).movedim(2, 0)
+    steps = torch.arange(chunks * size, device=query.device).reshape(chunks, size)
+    step = partial(_query_chunk_step, keys=keys, key_t=key.transpose(2, 3), value=value, scaling=module.scaling)
+    _, out = scan(step, query.new_zeros(()), (query, steps))
+    # As in the delta rule: a copy, then a view, then a crop by negative padding (symbolic shapes stay exact).
+    out = out.movedim(0, 2).clone(memory_format=torch.contiguous_format).view(batch, heads, chunks * size, head_dim)
+    return F.pad(out, (0, 0, 0, -pad_size)).transpose(1, 2)
+
+
 def attention_forward(
-    self, hidden_states: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], past_key_values: ExplicitState, **kwargs
+    self,
+    hidden_states: torch.Tensor,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    past_key_values: ExplicitState,
+    query_chunk: int | None = None,
+    **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """``Qwen3_5Attention.forward`` over ``[prefix K/V ; own K/V]`` with the mask of ``past_key_values``."""
+    """``Qwen3_5Attention.forward`` over ``[prefix K/V ; own K/V]`` with the key mask of ``past_key_values``;
+    ``query_chunk`` queries at a time (``chunked_attention``), or all at once with the whole mask."""
     state = past_key_values
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
@@ -330,7 +412,10 @@ def attention_forward(
     if f"key.{self.layer_idx}" in state.past:
         key_states = torch.cat([state.past[f"key.{self.layer_idx}"], key_states], dim=2)
         value_states = torch.cat([state.past[f"value.{self.layer_idx}"], value_states], dim=2)
-    attn_output, _ = eager_attention_forward(self, query_states, key_states, value_states, state.bias, scaling=self.scaling)
+    if query_chunk is None:
+        attn_output, _ = eager_attention_forward(self, query_states, key_states, value_states, state.bias, scaling=self.scaling)
+    else:
+        attn_output = chunked_attention(self, query_states, key_states, value_states, state.keys, query_chunk)
     attn_output = attn_output.reshape(*input_shape, -1).contiguous() * torch.sigmoid(gate)
     return self.o_proj(attn_output), None
 
@@ -346,7 +431,7 @@ def explicit_state_forward(model: nn.Module, recurrence: str = "scan") -> Iterat
         if layer.block_type == "linear_attention":
             mixers.append((layer.linear_attn, partial(gated_delta_net_forward, rule=RULES[recurrence])))
         else:
-            mixers.append((layer.self_attn, attention_forward))
+            mixers.append((layer.self_attn, partial(attention_forward, query_chunk=QUERY_CHUNKS[recurrence])))
     try:
         for module, forward in mixers:
             module.forward = MethodType(forward, module)

@@ -65,8 +65,10 @@ def providers(device: str, device_id: int, options: Mapping[str, object]) -> lis
 
 def session_options(device: str) -> onnxruntime.SessionOptions:
     """The backbone sessions' options: on the CPU without ONNX Runtime's memory arena, which keeps the
-    largest call's buffers (grown in powers of two) for the session's life: validating the tiny member
-    peaked at 7.0 GB with it and 3.0 GB without, in the same CPU time."""
+    largest call's buffers (grown in powers of two) for the session's life, so a served engine would
+    hold a long request's peak after it. Validating the tiny member (45 cases) peaks at 1.28 GB with it
+    and 1.04 GB without (6.3 GB without it when attention was unchunked); the arena saves a third of
+    the CPU time of the 18,557-token case (6.2 s against 9.5 s on 2 cores)."""
     options = onnxruntime.SessionOptions()
     options.enable_cpu_mem_arena = device != "cpu"
     return options
