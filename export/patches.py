@@ -196,6 +196,25 @@ def _chunk_step(recurrent: torch.Tensor, chunk: tuple[torch.Tensor, ...]) -> tup
     return recurrent, out
 
 
+def _chunk_count(length: torch.SymInt | int, size: int) -> tuple[torch.SymInt | int, torch.SymInt | int]:
+    """Chunks of ``size`` covering ``length``, and the padding after it. Counted up front, so every padded
+    size is plainly ``chunks * size`` to the symbolic shape checker."""
+    chunks = (length + size - 1) // size
+    return chunks, chunks * size - length
+
+
+def _unchunked(
+    per_chunk: torch.Tensor, batch: torch.SymInt | int, heads: torch.SymInt | int, chunks: torch.SymInt | int, size: int,
+    pad_size: torch.SymInt | int,
+) -> torch.Tensor:
+    """A ``scan``'s per-chunk outputs ``[chunks, B, H, size, D]`` as ``[B, length, H, D]``. A copy, then a view:
+    merging the chunk axis never depends on the number of chunks being 1 or more; cropping by negative
+    padding keeps the length symbolically equal to the unpadded one."""
+    merged = per_chunk.movedim(0, 2).clone(memory_format=torch.contiguous_format)
+    merged = merged.view(batch, heads, chunks * size, per_chunk.shape[-1])
+    return F.pad(merged, (0, 0, 0, -pad_size)).transpose(1, 2)
+
+
 def chunk_gated_delta_rule(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -210,15 +229,12 @@ def chunk_gated_delta_rule(
     loop over chunks differ (``unit_lower_inverse`` and a ``scan``).
     """
     batch, sequence_length, heads, _ = key.shape
-    v_head_dim = value.shape[-1]
     query, key, value, beta, decay = [x.transpose(1, 2).to(torch.float32) for x in (query, key, value, beta, g)]
     query = l2norm(query, dim=-1, eps=1e-6)
     key = l2norm(key, dim=-1, eps=1e-6)
     query = query * query.shape[-1] ** -0.5
 
-    # Chunks counted up front so every padded size is plainly chunks * CHUNK to the symbolic shape checker.
-    chunks = (sequence_length + CHUNK - 1) // CHUNK
-    pad_size = chunks * CHUNK - sequence_length
+    chunks, pad_size = _chunk_count(sequence_length, CHUNK)
     query, key, value = (F.pad(x, (0, 0, 0, pad_size)) for x in (query, key, value))
     beta, decay = (F.pad(x, (0, pad_size)) for x in (beta, decay))
     v_beta = value * beta.unsqueeze(-1)
@@ -244,11 +260,7 @@ def chunk_gated_delta_rule(
 
     per_chunk = [x.movedim(2, 0) for x in (query, key, new_values, k_cumdecay, intra_chunk_attn, chunk_decay)]
     final_state, core_attn_out = scan(_chunk_step, initial_state.to(torch.float32), per_chunk)
-    # A copy, then a view: merging the chunk axis never depends on the number of chunks being 1 or more.
-    core_attn_out = core_attn_out.movedim(0, 2).clone(memory_format=torch.contiguous_format)
-    core_attn_out = core_attn_out.view(batch, heads, chunks * CHUNK, v_head_dim)
-    # Cropping by negative padding keeps the length symbolically equal to sequence_length.
-    return F.pad(core_attn_out, (0, 0, 0, -pad_size)).transpose(1, 2), final_state
+    return _unchunked(core_attn_out, batch, heads, chunks, CHUNK, pad_size), final_state
 
 
 @torch.library.custom_op("s1omni::gated_delta_rule", mutates_args=())
@@ -376,15 +388,12 @@ def chunked_attention(
     """
     batch, heads, length, head_dim = query.shape
     key, value = (repeat_kv(x, module.num_key_value_groups) for x in (key, value))
-    chunks = (length + size - 1) // size
-    pad_size = chunks * size - length
+    chunks, pad_size = _chunk_count(length, size)
     query = F.pad(query, (0, 0, 0, pad_size)).reshape(batch, heads, chunks, size, head_dim).movedim(2, 0)
     steps = torch.arange(chunks * size, device=query.device).reshape(chunks, size)
     step = partial(_query_chunk_step, keys=keys, key_t=key.transpose(2, 3), value=value, scaling=module.scaling)
     _, out = scan(step, query.new_zeros(()), (query, steps))
-    # As in the delta rule: a copy, then a view, then a crop by negative padding (symbolic shapes stay exact).
-    out = out.movedim(0, 2).clone(memory_format=torch.contiguous_format).view(batch, heads, chunks * size, head_dim)
-    return F.pad(out, (0, 0, 0, -pad_size)).transpose(1, 2)
+    return _unchunked(out, batch, heads, chunks, size, pad_size)
 
 
 def attention_forward(
