@@ -41,15 +41,16 @@ steps=${3:-synth,export,build,validate,bench}
 kernels=${KERNELS:-GatedDeltaNet}
 precisions=${PRECISIONS:-fp32}
 work=${S1OMNI_WORK:-/tmp/s1omni-work}
+scratch=${S1OMNI_SCRATCH:-$work}  # exports and engines (a 9B export is 32 GB: /dev/shm where the disk is short)
 export S1OMNI_HOME=$work/home PYTHONUNBUFFERED=1
-mkdir -p "$out" "$work"
+mkdir -p "$out" "$work" "$scratch"
 # The device image has no registry: install this tree (no dependencies) once per fresh machine.
 python3 -c "import s1omni.runtime" 2>/dev/null || python3 -m pip install -q --no-deps --no-build-isolation -e . >&2
 s1omni() { python3 -m s1omni "$@"; }
 stamp() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
 wants() { [[ ",$steps," == *",$1,"* ]]; }
 
-pkg=$work/vela2-$size exp=$work/export-$size
+pkg=$work/vela2-$size exp=$scratch/export-$size
 variants=()  # kernel:precision
 for kernel in ${kernels//,/ }; do
   for precision in ${precisions//,/ }; do variants+=("$kernel:$precision"); done
@@ -66,7 +67,7 @@ name() {
   done
   echo "$n"
 }
-engine() { echo "$work/engine-$size-$(name "$1")"; }
+engine() { echo "$scratch/engine-$size-$(name "$1")"; }
 
 if wants synth; then
   stamp "synth $size"
@@ -75,10 +76,11 @@ fi
 if wants export; then
   stamp "export $size"
   if [ ! -d "$exp" ]; then
-    # Timed, with the host's peak memory in use (sampled every 0.5 s; the export's worker processes count too).
-    base=$(awk '/MemTotal/{t=$2} /MemAvailable/{a=$2} END{print t-a}' /proc/meminfo)
+    # Timed, with the host's peak memory in use (sampled every 0.5 s; the export's worker processes count too;
+    # files in /dev/shm do not, so an export written there is not counted as memory).
+    base=$(awk '/MemTotal/{t=$2} /MemAvailable/{a=$2} /^Shmem:/{s=$2} END{print t-a-s}' /proc/meminfo)
     (peak=0; while :; do
-       used=$(awk '/MemTotal/{t=$2} /MemAvailable/{a=$2} END{print t-a}' /proc/meminfo)
+       used=$(awk '/MemTotal/{t=$2} /MemAvailable/{a=$2} /^Shmem:/{s=$2} END{print t-a-s}' /proc/meminfo)
        [ "$used" -le "$peak" ] || { peak=$used; echo "$peak" > "$out/export-$size.peak"; }
        sleep 0.5
      done) & sampler=$!
@@ -87,9 +89,10 @@ if wants export; then
     ended=$(date +%s.%N)
     kill "$sampler"
     weights=$(du -b "$exp"/weights.data 2>/dev/null | cut -f1 || echo 0)
+    # The ratio is parenthesised: a bare > among printf's arguments would redirect its output to a file.
     awk -v s="$started" -v e="$ended" -v p="$(cat "$out/export-$size.peak")" -v b="$base" -v w="$weights" -v size="$size" 'BEGIN {
       printf "export %s: %.0f s, peak host memory %.1f GB over the %.1f GB in use before, weights.data %.1f GB (%.2fx)\n",
-        size, e - s, (p - b) / 1048576, b / 1048576, w / 1e9, w > 0 ? (p - b) * 1024 / w : 0 }' | tee "$out/export-$size.txt"
+        size, e - s, (p - b) / 1048576, b / 1048576, w / 1e9, (w > 0 ? (p - b) * 1024 / w : 0) }' | tee "$out/export-$size.txt"
   fi
 fi
 if wants build; then

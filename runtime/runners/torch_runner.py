@@ -256,5 +256,5 @@ class TorchRunner:
         tokens = torch.as_tensor(ids, dtype=torch.long, device=self._torch_device)[None]
         positions = positions if positions is not None else text_positions(0, len(ids))
         with self._running():
-            out = self.model(inputs_embeds=self._embeddings(tokens), position_ids=torch.as_tensor(positions)[:, None, :])
+            out = self.model(inputs_embeds=self._embeddings(tokens), position_ids=torch.as_tensor(positions, device=self._torch_device)[:, None, :])
         return out.last_hidden_state[0].float().cpu().numpy()
