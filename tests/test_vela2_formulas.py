@@ -152,3 +152,35 @@ def test_window_logits_are_averaged_and_uncovered_words_get_minus_30() -> None:
     raw = Vela2Model._combine(trees, outputs)
     assert raw.span is not None
     np.testing.assert_array_equal(raw.span.logits, [[1, 2], [4, 5], [7, 8], [-30, -30]])
+
+
+def test_span_head_matches_its_formula_over_several_word_chunks() -> None:
+    """The span head against the formula of heads.py's docstring in float64 torch, over words that
+    span several of its threaded chunks (an offset or a chunk written twice would show)."""
+    import torch
+
+    from s1omni.runtime.vela2.heads import SPAN_TENSORS, WORD_CHUNK, SpanHead
+
+    rng = np.random.default_rng(3)
+    hidden, d, slots, count, words = 48, 16, 4, 6, 3 * WORD_CHUNK + 5
+    shapes = {"wn.weight": (hidden,), "wn.bias": (hidden,), "ln.weight": (hidden,), "ln.bias": (hidden,),
+              "slot.weight": (slots, hidden), "K.weight": (d, hidden), "Q.weight": (d, hidden), "M.weight": (d, hidden),
+              "M.bias": (d,), "N.weight": (d, hidden), "v.weight": (1, d), "o.weight": (1, d), "o.bias": (1,)}  # fmt: skip
+    assert set(shapes) == SPAN_TENSORS
+    tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+    word_states = rng.standard_normal((words, hidden)).astype(np.float32)
+    label_states = rng.standard_normal((count, hidden)).astype(np.float32)
+    scores = SpanHead(tensors, "span2.")(word_states, label_states)
+
+    t = {name: torch.from_numpy(tensors[name]).double() for name in shapes}
+    norm = lambda x, w, b: torch.nn.functional.layer_norm(x, (hidden,), w, b, eps=1e-5)  # noqa: E731
+    x = norm(torch.from_numpy(word_states).double(), t["wn.weight"], t["wn.bias"])
+    x = x - x.mean(0, keepdim=True)
+    y = norm(torch.from_numpy(label_states).double(), t["ln.weight"], t["ln.bias"])
+    y = y + t["slot.weight"][torch.clamp(torch.arange(count), max=slots - 1)]
+    y = y - y.mean(0, keepdim=True)
+    bilinear = (x @ t["K.weight"].T) @ (y @ t["Q.weight"].T).T / math.sqrt(d)
+    inner = (x @ t["M.weight"].T + t["M.bias"])[:, None, :] + (y @ t["N.weight"].T)[None, :, :]
+    expected = bilinear + torch.nn.functional.gelu(inner) @ t["v.weight"][0]
+    assert scores.shape == (words, count) and scores.dtype == np.float32
+    np.testing.assert_allclose(scores, expected.numpy(), rtol=1e-4, atol=1e-4)

@@ -11,7 +11,9 @@ LayerNormed means of their label blocks plus a slot embedding, centred when ther
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,10 @@ SPAN_TENSORS = frozenset(
 )  # fmt: skip
 # Words scored per step of the span head: bounds the [words, labels, d] GELU input to a few MiB.
 WORD_CHUNK = 64
+# The chunks run on these threads: numpy and scipy's erf release the GIL in their loops, and each
+# chunk's values are computed by the same operations whichever thread runs it, so the scores are
+# bitwise those of one thread. The GELU over [words, labels, d] is most of a span block's head time.
+_CHUNK_THREADS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="s1omni-span-head")
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5) -> np.ndarray:
@@ -105,7 +111,10 @@ class SpanHead:
         label_side = y @ t["N.weight"].T
         v = t["v.weight"][0]
         mlp = np.empty((len(x), count), np.float32)
-        for start in range(0, len(x), WORD_CHUNK):
+
+        def score(start: int) -> None:
             stop = start + WORD_CHUNK
             mlp[start:stop] = gelu(word_side[start:stop, None, :] + label_side[None, :, :]) @ v
+
+        list(_CHUNK_THREADS.map(score, range(0, len(x), WORD_CHUNK)))  # re-raises a chunk's exception
         return (bilinear + mlp).astype(np.float32)
