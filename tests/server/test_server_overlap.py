@@ -49,10 +49,7 @@ QUESTIONS = {
     "mood": {"type": "score", "instructions": "How upset is the user?", "criteria": ["calm", "annoyed", "angry"]},
     "topics": {"type": "set", "instructions": "Which topics?", "criteria": {"billing": "payments", "shipping": "delivery"}},
 }  # fmt: skip
-# Three requests of one prefix length (32 tokens with these questions). The CPU engine left-pads
-# shorter prefixes to the batch's widest, and a padded prefix's hidden states move by about 5e-7,
-# which can flip the fourth decimal of a probability: merged answers equal lone ones byte for byte
-# only where nothing is padded (the runner's numerics, not the server's; see the module docstring).
+# Three requests of one prefix length (32 tokens with these questions): nothing padded (see above).
 TEXTS = (
     "Please resend the missing parcel to my house.",
     "The app crashes whenever I open settings.",
