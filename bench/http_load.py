@@ -1,11 +1,17 @@
 """Closed-loop HTTP load against real ``s1omni serve`` processes.
 
 Each server is a subprocess on a free port, measured once ``/health`` answers 200 (the server has
-loaded and warmed its model). At each concurrency a fixed set of workers each sends its next
-request as soon as the previous one is answered (no arrival-rate model); ``warmup`` requests per
-level are sent first on the same connections and excluded. A sample runs on the client clock from
-the send to the fully parsed body; the request body is serialized once, before any clock starts.
-Each response's ``Server-Timing`` header splits the server's share into its stages.
+loaded and warmed its model). At each concurrency a fixed set of clients each sends its next
+request as soon as the previous one is answered (no arrival-rate model), on a connection of its
+own. The figures are steady state: each client first sends ``warmup`` requests of its own,
+untimed, and the timed window opens only once every client has, so that no sample is taken while
+some clients are still warming up; it closes once every client has had ``requests`` answers in it,
+the clients done first sending on meanwhile, so that the load stays at its concurrency to the end.
+A level thus gives at least ``concurrency x requests`` samples; a request sent before the window
+opened or answered after it closed is not one. Requests per second are the samples over the
+window. A sample runs on the client clock from the send to the fully parsed body; the request body
+is serialized once, before any clock starts. Each response's ``Server-Timing`` header splits the
+server's share into its stages.
 """
 
 from __future__ import annotations
@@ -119,49 +125,75 @@ def card(server: Server) -> dict[str, Any]:
 
 @dataclass
 class Load:
-    """What one closed-loop pass saw."""
+    """What one closed-loop level saw inside its timed window, and the untimed requests around it."""
 
     samples_s: list[float] = field(default_factory=list)
     timings: list[dict[str, float]] = field(default_factory=list)  # Server-Timing of each successful response
     failures: Counter[str] = field(default_factory=Counter)
     answer_errors: int = 0
+    per_client: list[int] = field(default_factory=list)  # requests each client had answered in the window
+    untimed: int = 0  # warm-up, and requests the window's ends cut
     wall_s: float = 0.0
 
 
-async def _closed_loop(client: httpx.AsyncClient, body: bytes, concurrency: int, count: int) -> Load:
-    load, remaining = Load(), count
+async def _closed_loop(client: httpx.AsyncClient, body: bytes, concurrency: int, requests: int, warmup: int) -> Load:
+    """``concurrency`` clients in a closed loop: each warms up with ``warmup`` requests, then the
+    window runs until each has had ``requests`` answered (or failed) in it."""
+    load = Load(per_client=[0] * concurrency)
+    warming, short = concurrency if warmup else 0, concurrency  # clients still warming up, still short of their count
+    opened = asyncio.Event()
+    closed = asyncio.Event()
+    window = [0.0, 0.0]  # when it opened and closed
+    if not warming:
+        window[0] = time.perf_counter()
+        opened.set()
 
-    async def worker() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1  # one event loop thread: no lock needed
+    async def one(index: int) -> None:
+        nonlocal warming, short
+        sent = 0
+        while not closed.is_set():
             begin = time.perf_counter()
+            sent += 1
+            header, parsed, failure = "", None, None
             try:
                 response = await client.post(PATH, content=body, headers=JSON)
-                parsed = json.loads(response.content) if response.status_code == 200 else None
+                if response.status_code == 200:
+                    header, parsed = response.headers.get("server-timing", ""), json.loads(response.content)
+                else:
+                    failure = f"http_{response.status_code}"
             except httpx.HTTPError as exc:
-                load.failures[type(exc).__name__] += 1
+                failure = type(exc).__name__
+            ended = time.perf_counter()
+            if failure is not None:
+                load.failures[failure] += 1  # in the window or not: the run cannot stand
+            if not opened.is_set() or begin < window[0] or closed.is_set():
+                load.untimed += 1
+                if sent == warmup:  # this client's last warm-up; it sends on, untimed, until every client is warm
+                    warming -= 1
+                    if not warming:
+                        window[0] = ended
+                        opened.set()
                 continue
-            elapsed = time.perf_counter() - begin
-            if response.status_code != 200:
-                load.failures[f"http_{response.status_code}"] += 1
-                continue
-            load.samples_s.append(elapsed)
-            load.timings.append(server_timing(response.headers.get("server-timing", "")))
-            load.answer_errors += answer_errors(parsed)
+            if failure is None:
+                load.samples_s.append(ended - begin)
+                load.timings.append(server_timing(header))
+                load.answer_errors += answer_errors(parsed)
+            load.per_client[index] += 1
+            if load.per_client[index] == requests:
+                short -= 1
+                if not short:
+                    window[1] = ended
+                    closed.set()
 
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    load.wall_s = time.perf_counter() - start
+    await asyncio.gather(*(one(index) for index in range(concurrency)))
+    load.wall_s = window[1] - window[0]
     return load
 
 
-async def _level(url: str, body: bytes, concurrency: int, requests: int, warmup: int) -> tuple[Load, Load]:
+async def _level(url: str, body: bytes, concurrency: int, requests: int, warmup: int) -> Load:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits, trust_env=False) as client:
-        # Every worker warms its own connection (and the server its batch shapes) at this concurrency.
-        warm = await _closed_loop(client, body, concurrency, max(warmup, concurrency) if warmup else 0)
-        return warm, await _closed_loop(client, body, concurrency, requests)
+        return await _closed_loop(client, body, concurrency, requests, warmup)
 
 
 def measure(
@@ -172,17 +204,19 @@ def measure(
     warmup: int,
     progress: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    """One run per concurrency level: client latency summary, requests/s over the wall time, failures,
-    answer errors, and per-stage medians of the server's own timing."""
+    """One run per concurrency level, each client sending ``requests`` timed requests after its own
+    ``warmup``: client latency summary, requests/s over the timed window, failures, answer errors,
+    and per-stage medians of the server's own timing."""
     payload = json.dumps(body).encode("utf-8")
     runs = []
     for level in concurrency:
         started = now()
-        warm, load = asyncio.run(_level(server.url, payload, level, requests, warmup))
-        failures = warm.failures + load.failures
+        load = asyncio.run(_level(server.url, payload, level, requests, warmup))
         run: dict[str, Any] = {"subject": server.name, "concurrency": level, "started": started, "finished": now()}
-        run["failures"] = dict(failures)
-        run["warmup"] = len(warm.samples_s) + warm.failures.total()
+        run["failures"] = dict(load.failures)
+        run["requests_per_client"], run["warmup_per_client"] = requests, warmup
+        run["per_client"] = load.per_client  # each client's requests in the window, failed ones included
+        run["untimed"] = load.untimed
         run["answer_errors"] = load.answer_errors
         if load.samples_s:
             samples = to_ms(load.samples_s)
@@ -194,9 +228,9 @@ def measure(
             run["client_minus_server_median_ms"] = round(statistics.median(outside), DIGITS) if outside else None
             progress(
                 f"http {server.name} c={level}: p50 {run['p50_ms']:.3f} ms, p95 {run['p95_ms']:.3f} ms, "
-                f"{run['requests_per_s']:.2f} req/s, {failures.total()} failed"
+                f"{run['requests_per_s']:.2f} req/s over {run['count']} samples, {load.failures.total()} failed"
             )
         else:
-            progress(f"http {server.name} c={level}: every request failed {dict(failures)}")
+            progress(f"http {server.name} c={level}: every request failed {dict(load.failures)}")
         runs.append(run)
     return runs

@@ -66,8 +66,6 @@ def check(settings: Settings, manifests: Sequence[dict[str, Any]]) -> None:
         raise UsageError("nothing to run (no workloads, no --http, no --profile)")
     if settings.requests < 1 or settings.warmup < 0:
         raise UsageError("--requests must be at least 1 and --warmup at least 0")
-    if settings.http and settings.requests < max(settings.concurrency):
-        raise UsageError("--requests must be at least the highest --concurrency, so every client runs")
     for path, manifest in zip(settings.engines, manifests, strict=True):
         if settings.http and not validated(manifest) and not settings.allow_unvalidated:
             raise InputError(

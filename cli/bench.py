@@ -40,10 +40,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tokens", type=_ints, default=(128, 600, 2048), metavar="LIST", help="backbone prefix lengths")
     parser.add_argument(
-        "--requests", type=int, default=30, metavar="N", help="timed requests per workload and per concurrency level"
+        "--requests",
+        type=int,
+        default=30,
+        metavar="N",
+        help="timed requests per workload in process, and per client at each HTTP level (default 30: steady-state "
+        "HTTP figures want at least 20 a client)",
     )
     parser.add_argument(
-        "--warmup", type=int, default=5, metavar="N", help="untimed requests first (per level over HTTP, at least one per client)"
+        "--warmup", type=int, default=5, metavar="N", help="untimed requests first (per workload; over HTTP per client, every client's before any is timed)"
     )
     parser.add_argument("--http", action="store_true", help="also serve each subject with `s1omni serve` and load it over HTTP")
     parser.add_argument("--http-workload", default="router", metavar="NAME", help="the request sent over HTTP")

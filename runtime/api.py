@@ -1,15 +1,17 @@
 """The Python API the server, the validator and the benchmarks share.
 
 ``load_model(path)`` gives a ``DecisionModel`` for a verified package (the torch reference runner)
-or for a validated engine directory (its engine runner). A request is answered in three steps so
-that a scheduler can admit, queue, batch and time it:
+or for a validated engine directory (its engine runner). A request is answered in four steps so
+that a scheduler can admit, queue, batch and time it, and keep the forward, the one step that needs
+the model's device, apart from the per-request work around it:
 
-    plan = model.plan(body)          # validation + tokenization + trees; RequestError on a bad request
-    result = model.execute([plan])[0]  # backbone runner + CPU heads (batches several plans)
+    plan = model.plan(body)                # validation + tokenization + trees; RequestError on a bad request
+    hidden = model.forward([plan])[0]      # the backbone runner (batches several plans into one forward)
+    result = model.readout(plan, hidden)   # the CPU heads of one plan
     response = model.finish(plan, result)  # answers in request order, keys in the reference's order
 
-``model.answer(body)`` does all three. ``model.expired(plan)`` is the response of a plan whose
-deadline passed before it ran.
+``model.execute(plans)`` is ``forward`` then each plan's ``readout``; ``model.answer(body)`` does
+every step. ``model.expired(plan)`` is the response of a plan whose deadline passed before it ran.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ class DecisionModel(Protocol):
     def golden_request(self) -> dict[str, Any]: ...
 
     def plan(self, body: dict[str, Any], require_valid: bool = True) -> Plan: ...
+
+    def forward(self, plans: Sequence[Plan]) -> list[Any]: ...
+
+    def readout(self, plan: Plan, hidden: Any) -> Any: ...
 
     def execute(self, plans: Sequence[Plan]) -> list[Any]: ...
 

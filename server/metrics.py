@@ -49,11 +49,11 @@ class Metrics:
             "s1omni_input_tokens_total", "Tokens the model processed for answered requests.", registry=registry
         )
         self.forward_seconds = Histogram(
-            "s1omni_forward_seconds", "model.execute time per batch.", buckets=LATENCY_BUCKETS, registry=registry
+            "s1omni_forward_seconds", "model.forward time per batch (the backbone; heads not included).", buckets=LATENCY_BUCKETS, registry=registry
         )
-        self.batch_plans = Histogram("s1omni_batch_plans", "Plans per model.execute batch.", buckets=PLAN_BUCKETS, registry=registry)
+        self.batch_plans = Histogram("s1omni_batch_plans", "Plans per model.forward batch.", buckets=PLAN_BUCKETS, registry=registry)
         self.batch_tokens = Histogram(
-            "s1omni_batch_tokens", "Tokens per model.execute batch.", buckets=TOKEN_BUCKETS, registry=registry
+            "s1omni_batch_tokens", "Tokens per model.forward batch.", buckets=TOKEN_BUCKETS, registry=registry
         )
         self.expired = Counter(
             "s1omni_deadline_expired_total", "Jobs not run because their deadline passed in the queue.", registry=registry

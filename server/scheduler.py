@@ -10,7 +10,11 @@ One worker thread owns the model, which is not re-entrant. It waits for a job, t
 batching window while other requests are on their way (read, parsed, planned, not yet admitted:
 ``Arrival``), so that requests arriving together share a forward while a lone request never waits
 for nobody. Then it takes the oldest job and the queued jobs of its profile that fit one forward's
-token budget and plan count, in arrival order.
+token budget and plan count, in arrival order. The worker runs only the forward of a batch
+(``model.forward``): a job's result is its share of it, and the heads, finish and encoding of each
+request run after, off the worker (``s1omni.server.families``), while the worker runs the next
+forward. Nothing per request that grows with the batch is left on the worker but the runner's own
+packing of the batch's inputs.
 
 A job with a deadline is answered ``EXPIRED`` when its deadline passes while it is queued, however
 long the forward in flight still runs: a second thread (the deadline watcher) sleeps until the
@@ -83,8 +87,8 @@ class Arrival:
 
 
 class Scheduler:
-    def __init__(self, execute: Callable[[Sequence[Plan]], list[Any]], limits: Limits, metrics: Metrics):
-        self._execute = execute
+    def __init__(self, forward: Callable[[Sequence[Plan]], list[Any]], limits: Limits, metrics: Metrics):
+        self._forward = forward
         self.limits = limits
         self._metrics = metrics
         self._queue: deque[Job] = deque()
@@ -228,15 +232,15 @@ class Scheduler:
         """One forward for ``jobs``; if it fails, each job again alone, so only the culprit fails."""
         started = time.perf_counter()
         try:
-            results = self._execute([job.plan for job in jobs])
+            results = self._forward([job.plan for job in jobs])
             if len(results) != len(jobs):
-                raise RuntimeError(f"model.execute answered {len(results)} results for {len(jobs)} plans")
+                raise RuntimeError(f"model.forward answered {len(results)} results for {len(jobs)} plans")
         except Exception as exc:
             if len(jobs) > 1:
                 for job in jobs:
                     self._run([job])
                 return
-            log.exception("model.execute failed")
+            log.exception("model.forward failed")
             self._answer(jobs[0], error=exc)
             return
         ended = time.perf_counter()

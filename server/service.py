@@ -3,7 +3,7 @@
 The model loads on a background thread so that ``/health`` answers at once (503 while it loads).
 It becomes ready only after its golden request (``model.golden_request()``) has been answered
 through the very path a client's request takes (its family's reading, admission, plan,
-scheduler, finish, encoding) with no question failing
+scheduler, heads, finish, encoding) with no question failing
 (vllm-project/semantic-router:src/model-runtime/vllm_srun/runtime.py ``ServedModel.load``;
 wire-contract.md §11.7). A load or warm-up that fails leaves the service ``failed`` for good, with the
 error kept in ``failure``: ``/health/live`` then answers 503 and ``s1omni serve`` stops and exits
@@ -98,7 +98,7 @@ class Service:
             if model.family != self.family.name:
                 raise InputError(f"{self.source.label} loaded as a {model.family} model, not {self.family.name}")
             card = self.family.card(model)
-            self.scheduler = Scheduler(model.execute, self.family.limits, self.metrics)
+            self.scheduler = Scheduler(model.forward, self.family.limits, self.metrics)
             self.scheduler.start()
             self.family.bind(model, card, self.scheduler)
             self._card = card

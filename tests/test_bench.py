@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from s1omni.bench.workloads import REFERENCE, backbone, measure, named
 from s1omni.cli.main import main
 from s1omni.runtime.errors import UsageError
 
-STAGES = {"parse", "tokenize", "queue", "forward", "post", "serialize", "total"}
+STAGES = {"parse", "tokenize", "queue", "forward", "heads", "post", "serialize", "total"}
 
 
 def ranked(values: list[float], q: float) -> float:
@@ -87,11 +88,17 @@ def test_http_runs(record: tuple[dict, Path]) -> None:
     assert (out / http["servers"][REFERENCE]["log"]).is_file()
     assert [(run["subject"], run["concurrency"]) for run in http["runs"]] == [(REFERENCE, 1), (REFERENCE, 2)]
     for run in http["runs"]:
-        check_summary(run, 3)
-        assert run["failures"] == {} and run["warmup"] == run["concurrency"]
+        # Steady state: every client warms up, then has at least its 3 requests timed.
+        per_client = run["per_client"]
+        assert (run["requests_per_client"], run["warmup_per_client"]) == (3, 1)
+        assert len(per_client) == run["concurrency"] and min(per_client) == 3 and sum(per_client) == run["count"]
+        check_summary(run, run["count"])
+        assert run["failures"] == {} and run["untimed"] >= run["concurrency"]
         assert set(run["server_timing_median_ms"]) == STAGES
-        # Each response's server time lies inside its client time, so the medians keep that order.
-        assert run["server_timing_median_ms"]["total"] <= run["p50_ms"] and run["client_minus_server_median_ms"] >= 0
+        # Each response's server time lies inside its client time, so the medians keep that order (the
+        # stages' medians average the middle two of an even count, as statistics.median does).
+        client_median = statistics.median(run["samples_ms"])
+        assert run["server_timing_median_ms"]["total"] <= client_median and run["client_minus_server_median_ms"] >= 0
 
 
 def test_merged_requests_answer_as_one_request_each(tiny_model) -> None:
@@ -140,11 +147,12 @@ def test_nearest_rank_and_summary() -> None:
 
 def test_server_timing_header() -> None:
     header = (
-        "parse;dur=0.120, tokenize;dur=1.500, queue;dur=0.000, forward;dur=12.250, "
+        "parse;dur=0.120, tokenize;dur=1.500, queue;dur=0.000, forward;dur=12.250, heads;dur=0.800, "
         "post;dur=0.300, serialize;dur=0.050, total;dur=14.400"
     )
     assert server_timing(header) == {
-        "parse": 0.12, "tokenize": 1.5, "queue": 0.0, "forward": 12.25, "post": 0.3, "serialize": 0.05, "total": 14.4,
+        "parse": 0.12, "tokenize": 1.5, "queue": 0.0, "forward": 12.25, "heads": 0.8, "post": 0.3, "serialize": 0.05,
+        "total": 14.4,
     }  # fmt: skip
 
 

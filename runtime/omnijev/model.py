@@ -1,13 +1,13 @@
 """OmniJev as a ``DecisionModel`` on the CPU reference path.
 
 ``plan`` validates the whole request before any model work (contract, image, tokens, layout);
-``execute`` runs the vision tower once, the shared prefix once with the image embeddings at the
-placeholders and its M-RoPE positions, every (question, option) row as a block continuing from
-the prefix's state, then the LM features and heads on the CPU; ``finish`` calibrates and answers
-in the request's key order. This is ``MSO1.ask_branch`` (``tinnel123666888/OmniJev:mso/infer.py``)
-with the newer native executor's prefix reuse
+``forward`` runs the vision tower once, the shared prefix once with the image embeddings at the
+placeholders and its M-RoPE positions, and every (question, option) row as a block continuing from
+the prefix's state; ``readout`` then runs the LM features and heads on the CPU (``execute`` is
+both); ``finish`` calibrates and answers in the request's key order. This is ``MSO1.ask_branch``
+(``tinnel123666888/OmniJev:mso/infer.py``) with the newer native executor's prefix reuse
 (``ThinkFlowLab/system1-omni:src/models/omnijev/native/src/executor.rs``);
-``execute(..., prefix_reuse=False)`` is that executor's ``execute_rows``: one plain causal
+``forward(..., prefix_reuse=False)`` is that executor's ``execute_rows``: one plain causal
 forward per row, for checking that reuse changes nothing (on the torch reference runner).
 
 The same class serves a package on the torch reference (``from_package``) and an engine
@@ -100,6 +100,14 @@ class RowReadout:
     zq: np.ndarray
     u: np.ndarray
     targets: np.ndarray  # hidden states at the positions predicting the option text, [T, H]
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """One plan's share of ``forward``: its readouts per question and row."""
+
+    readouts: list[list[RowReadout]]
+    seconds: float  # vision and language
 
 
 def _readouts(row: Row, kind: Kind) -> np.ndarray:
@@ -252,24 +260,30 @@ class OmniJevModel:
         tree = plan_tree(request.questions, planned)
         return OmniJevPlan(request.questions, pixels, planned, tree, time.perf_counter() - start)
 
-    def execute(self, plans: Sequence[OmniJevPlan], prefix_reuse: bool = True) -> list[Execution]:
-        """Head outputs per plan; ``prefix_reuse=False`` runs one plain forward per row instead."""
+    def forward(self, plans: Sequence[OmniJevPlan], prefix_reuse: bool = True) -> list[Forwarded]:
+        """The vision tower and the backbone per plan; ``prefix_reuse=False`` runs one plain forward per row instead."""
         out = []
         for plan in plans:
             start = time.perf_counter()
             features = self.vision(plan.pixels)
             hidden = self._reused(plan, features) if prefix_reuse else self._plain(plan, features)
-            mu = self._heads(plan, hidden)
-            out.append(Execution(mu, time.perf_counter() - start))
+            out.append(Forwarded(hidden, time.perf_counter() - start))
         return out
+
+    def readout(self, plan: OmniJevPlan, forwarded: Forwarded) -> Execution:
+        """The LM features and heads of one plan on its entry of ``forward``."""
+        start = time.perf_counter()
+        mu = self._heads(plan, forwarded.readouts)
+        return Execution(mu, forwarded.seconds + time.perf_counter() - start)
+
+    def execute(self, plans: Sequence[OmniJevPlan], prefix_reuse: bool = True) -> list[Execution]:
+        """``forward``, then each plan's ``readout``: head outputs per plan."""
+        forwarded = self.forward(plans, prefix_reuse)
+        return [self.readout(plan, entry) for plan, entry in zip(plans, forwarded, strict=True)]
 
     def read(self, plans: Sequence[OmniJevPlan], hidden: Sequence[Sequence[np.ndarray]]) -> list[Execution]:
         """Head outputs from hidden states computed elsewhere (per plan's one tree, per block): the validator's path."""
-        out = []
-        for plan, blocks in zip(plans, hidden, strict=True):
-            start = time.perf_counter()
-            out.append(Execution(self._heads(plan, _group(plan, blocks)), time.perf_counter() - start))
-        return out
+        return [self.readout(plan, Forwarded(_group(plan, blocks), 0.0)) for plan, blocks in zip(plans, hidden, strict=True)]
 
     def image_features(self, values: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
         """The vision tower over processed patches of ``grid`` (what the validator feeds)."""

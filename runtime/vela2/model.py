@@ -257,10 +257,19 @@ class Vela2Model:
 
     # -- execute ---------------------------------------------------------------------------------
 
-    def execute(self, plans: Sequence[Vela2Plan]) -> list[dict[int, np.ndarray]]:
-        """The runner over every tree of ``plans`` at once, then the heads; per plan, outputs by block."""
+    def forward(self, plans: Sequence[Vela2Plan]) -> list[list[list[np.ndarray]]]:
+        """The runner over every tree of ``plans`` at once; per plan, its trees' hidden states (per block)."""
         trees = [tree for plan in plans for tree, _ in plan.trees]
-        return self.read(plans, self.runner.run(trees) if trees else [])
+        hidden = iter(self.runner.run(trees) if trees else [])
+        return [[next(hidden) for _ in plan.trees] for plan in plans]
+
+    def readout(self, plan: Vela2Plan, hidden: Sequence[Sequence[np.ndarray]]) -> dict[int, np.ndarray]:
+        """The heads of one plan on its entry of ``forward``: its outputs by block."""
+        return self.read([plan], hidden)[0]
+
+    def execute(self, plans: Sequence[Vela2Plan]) -> list[dict[int, np.ndarray]]:
+        """``forward``, then each plan's ``readout``; per plan, outputs by block."""
+        return [self.readout(plan, hidden) for plan, hidden in zip(plans, self.forward(plans), strict=True)]
 
     def read(self, plans: Sequence[Vela2Plan], hidden: Sequence[Sequence[np.ndarray]]) -> list[dict[int, np.ndarray]]:
         """Head outputs from the runner's hidden states (per tree of ``plans`` in order, per block)."""

@@ -5,7 +5,9 @@ even while the worker is busy. Admission then counts the request until its work 
 not its client is still there: past 16 admitted (preparing, waiting or running) it is 503
 "the worker is busy" with ``Retry-After: 1``. Two requests at most prepare at once (``model.plan``:
 contract, decode, preprocess, tokenize, layout) on worker threads; a refusal there is 422. The
-scheduler then runs one whole request at a time in arrival order, and ``model.finish`` answers it.
+scheduler then runs one request's forward at a time in arrival order (``model.forward``: vision and
+backbone), and its heads (``model.readout``) and ``model.finish`` run on a worker thread, beside the
+next request's forward.
 An execution error is 500 "inference failed"; what failed goes to the log only
 (``ThinkFlowLab/system1-omni:src/models/omnijev/native/src/main.rs``; omnijev.md §14.2).
 Every refusal is ``{"detail": ...}``.
@@ -29,6 +31,7 @@ from s1omni.runtime.omnijev import contract, layout
 from ..metrics import Metrics
 from ..scheduler import Arrival, Job, Limits, Scheduler
 from ..timing import Timing
+from . import read_and_finish
 
 if TYPE_CHECKING:
     from s1omni.runtime.omnijev.model import OmniJevModel
@@ -39,7 +42,7 @@ ADMITTED = 16
 PREPARING = 2
 FAILED = "inference failed"
 RETRY_AFTER = {"Retry-After": "1"}
-# The scheduler only orders the admitted: one request per model.execute, never refused there.
+# The scheduler only orders the admitted: one request per model.forward, never refused there.
 LIMITS = Limits(
     max_queue=ADMITTED,
     max_queued_tokens=ADMITTED * layout.MAX_PROCESSED,
@@ -111,9 +114,7 @@ class OmniJev:
             # Waiting for a preparing slot and for the worker are both queueing.
             timing.queue = (submitted - admitted - plan.preparation_seconds) + (job.started - submitted)
             timing.forward = job.ended - job.started
-            mark = time.perf_counter()
-            content = model.finish(plan, result)
-            timing.post = time.perf_counter() - mark
+            content = await anyio.to_thread.run_sync(read_and_finish, model, plan, result, timing)
         return content, plan.input_tokens
 
     def health(self, status: str, reason: str | None, model: str | None) -> dict[str, Any]:

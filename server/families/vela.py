@@ -2,8 +2,12 @@
 
 A request runs ``model.plan`` (on the event loop for small bodies, else on a thread), is admitted
 to the scheduler as one group with its ``states`` (429 ``overloaded`` past the limits, with
-``Retry-After``), waits for its results and is finished in request order
-(vllm-project/semantic-router:src/model-runtime/vllm_srun/runtime.py ``Runtime._serve_parts``).
+``Retry-After``), waits for its forwards and then, on a thread of its own, runs its heads
+(``model.readout``) and is finished in request order
+(vllm-project/semantic-router:src/model-runtime/vllm_srun/runtime.py ``Runtime._serve_parts``):
+the worker is already on the next forward, and numpy lets go of the GIL in the heads' GEMMs. A
+request whose heads or finish fail is answered 500 ``internal_error`` alone; the others of its
+forward are not touched.
 Refusals are ``{"error": {"code", "message"}}``.
 """
 
@@ -23,10 +27,11 @@ from .. import envelope, wire
 from ..config import ServeConfig
 from ..scheduler import EXPIRED, Arrival, Job, Scheduler
 from ..timing import Timing
+from . import read_and_finish
 
 # The contract version reported to clients (vela2-decoder.md §6.5).
 API_VERSION = "2.1.0"
-# Bodies up to this size are planned and finished on the event loop: cheaper than a thread hop.
+# Bodies up to this size are planned on the event loop: cheaper than a thread hop.
 INLINE_BYTES = 16 << 10
 # What a card without its own profiles says: the one profile this server runs.
 PROFILES = [{"name": "exact", "numerics": "exact", "description": "the reference computation, nothing approximated"}]
@@ -114,13 +119,11 @@ class Vela:
 
         def finish() -> list[dict[str, Any]]:
             return [
-                model.expired(job.plan) if result is EXPIRED else model.finish(job.plan, result)
+                model.expired(job.plan) if result is EXPIRED else read_and_finish(model, job.plan, result, timing)
                 for job, result in zip(jobs, results, strict=True)
             ]
 
-        mark = time.perf_counter()
-        answers = await self._maybe_offload(size, finish)
-        timing.post = time.perf_counter() - mark
+        answers = await run_in_threadpool(finish)
         meta = self._meta(request.profile, timing) if request.return_meta else None
         tokens = sum(job.tokens for job, result in zip(jobs, results, strict=True) if result is not EXPIRED)
         return envelope.response(self._served.id, answers, request.state_names, meta), tokens

@@ -22,7 +22,7 @@ LISTENING = re.compile(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")
 START_TIMEOUT_S = 180
 SERVER_TIMING = re.compile(
     r"parse;dur=(\d+\.\d{3}), tokenize;dur=(\d+\.\d{3}), queue;dur=(\d+\.\d{3}), forward;dur=(\d+\.\d{3}), "
-    r"post;dur=(\d+\.\d{3}), serialize;dur=(\d+\.\d{3}), total;dur=(\d+\.\d{3})"
+    r"heads;dur=(\d+\.\d{3}), post;dur=(\d+\.\d{3}), serialize;dur=(\d+\.\d{3}), total;dur=(\d+\.\d{3})"
 )
 
 
@@ -165,7 +165,7 @@ def stages(response: httpx.Response) -> dict[str, float]:
     header = response.headers.get("server-timing", "")
     found = SERVER_TIMING.fullmatch(header)
     assert found, f"malformed Server-Timing {header!r}"
-    names = ("parse", "tokenize", "queue", "forward", "post", "serialize", "total")
+    names = ("parse", "tokenize", "queue", "forward", "heads", "post", "serialize", "total")
     return dict(zip(names, map(float, found.groups()), strict=True))
 
 

@@ -53,7 +53,7 @@ def test_five_kinds_answer_in_the_documented_key_order(server: Server) -> None:
     assert response.content.startswith(b'{"model":"') and b'":"' in response.content
     assert "Right now — today".encode() in response.content and b"\\u2014" not in response.content
     timing = stages(response)
-    assert timing["forward"] > 0 and timing["tokenize"] > 0
+    assert timing["forward"] > 0 and timing["tokenize"] > 0 and timing["heads"] > 0 and timing["post"] > 0
     assert timing["total"] >= sum(value for name, value in timing.items() if name != "total") - 0.01
 
 
@@ -344,7 +344,7 @@ def test_metrics_count_requests_and_tokens(server: Server) -> None:
     assert metric(after, "s1omni_requests_total", **bad) == metric(before, "s1omni_requests_total", **bad) + 1
     tokens = answered["usage"]["input_tokens"]
     assert metric(after, "s1omni_input_tokens_total") == metric(before, "s1omni_input_tokens_total") + tokens
-    for stage in ("parse", "tokenize", "queue", "forward", "post", "serialize", "total"):
+    for stage in ("parse", "tokenize", "queue", "forward", "heads", "post", "serialize", "total"):
         count = metric(after, "s1omni_request_stage_seconds_count", stage=stage)
         assert count == metric(before, "s1omni_request_stage_seconds_count", stage=stage) + 2
     assert metric(after, "s1omni_forward_seconds_count") > metric(before, "s1omni_forward_seconds_count")

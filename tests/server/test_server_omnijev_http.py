@@ -105,7 +105,7 @@ def test_every_question_form_answers_as_in_process_in_request_order(server: Serv
     assert without_latency(body) == without_latency(model.answer(REQUEST))
     assert body["usage"]["input_tokens"] > 0 and body["usage"]["output_tokens"] == 0
     timing = stages(response)
-    assert timing["tokenize"] > 0 and timing["forward"] > 0
+    assert timing["tokenize"] > 0 and timing["forward"] > 0 and timing["heads"] > 0 and timing["post"] > 0
 
 
 def test_models_describes_the_family_and_its_limits(server: Server, model: Any) -> None:

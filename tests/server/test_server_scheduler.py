@@ -25,7 +25,7 @@ def plan(model: Any, text: str = "Please refund the duplicate charge.") -> Any:
 
 
 def scheduler(model: Any, **limits: Any) -> Scheduler:
-    running = Scheduler(model.execute, Limits(batch_window_s=WINDOW_S, **limits), Metrics())
+    running = Scheduler(model.forward, Limits(batch_window_s=WINDOW_S, **limits), Metrics())
     running.start()
     return running
 
@@ -45,7 +45,7 @@ def test_jobs_waiting_together_share_one_forward(tiny_model: Any) -> None:
     outputs = [result(job.future) for job in jobs]
     assert jobs[0].batch == jobs[1].batch >= 0
     for job, output in zip(jobs, outputs, strict=True):
-        assert tiny_model.finish(job.plan, output)["answers"]["refund"]["type"] == "noul"
+        assert tiny_model.finish(job.plan, tiny_model.readout(job.plan, output))["answers"]["refund"]["type"] == "noul"
     assert running.pending() == (0, 0)
     assert running.close(10)
 
@@ -91,7 +91,7 @@ def test_a_plan_that_breaks_the_forward_fails_alone(tiny_model: Any) -> None:
     bad.plan.trees = [(None, [])]  # not a tree: the runner raises on it
     running.submit([good, bad])
     arrival.close()
-    assert tiny_model.finish(good.plan, result(good.future))["answers"]["refund"]["type"] == "noul"
+    assert tiny_model.finish(good.plan, tiny_model.readout(good.plan, result(good.future)))["answers"]["refund"]["type"] == "noul"
     with pytest.raises(Exception):
         result(bad.future)
     assert running.pending() == (0, 0)
