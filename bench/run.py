@@ -11,6 +11,7 @@ breaks keeps what it measured; the plot (``bench.png``) is drawn at the end.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,7 +28,7 @@ from s1omni.runtime.runners.torch_runner import release_gpu_memory
 from . import http_load, records, references, workloads as catalogue
 from .http_load import BenchFailed
 from .references import REFERENCE, REFERENCES
-from .stats import now, ratios
+from .stats import DIGITS, now, ratios
 from .workloads import Workload
 
 PROFILE_ITERATIONS = 5
@@ -140,7 +141,14 @@ def profile(chosen: Workload, models: dict[str, Any], warmup: int) -> dict[str, 
     for _ in range(warmup + 1):
         call()
     note(f"profiling {chosen.name} on {subject} ({PROFILE_ITERATIONS} iterations)")
-    return {"workload": chosen.name, "subject": subject, **capture(call, PROFILE_ITERATIONS)}
+    record = {"workload": chosen.name, "subject": subject, **capture(call, PROFILE_ITERATIONS)}
+    if chosen.body is not None:
+        # Outside the profiler, whose own overhead would land in the host steps.
+        steps = chosen.stages(models[subject])
+        samples = [steps() for _ in range(PROFILE_ITERATIONS)]
+        record["stages_ms"] = {name: round(statistics.median(s[name] for s in samples) * 1e3, DIGITS) for name in samples[0]}
+        note(f"{chosen.name} on {subject}, median ms: " + ", ".join(f"{k} {v:.2f}" for k, v in record["stages_ms"].items()))
+    return record
 
 
 def in_process(

@@ -18,6 +18,7 @@ import base64
 import io
 import json
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,29 @@ class Workload:
             return [model.finish(plan, outputs) for plan, outputs in zip(plans, model.execute(plans), strict=True)]
 
         return answers
+
+    def stages(self, model: Any) -> Callable[[], dict[str, float]]:
+        """One request of this workload on ``model`` step by step, as a zero-argument call giving each
+        step's seconds: plan, forward (the backbone runner, what the server's worker thread runs),
+        readout (the CPU heads) and finish (decisions, span decoding). Request workloads only."""
+        if self.body is None:
+            raise UsageError(f"{self.name!r} is not a request: only requests run in steps")
+        body, copies = self.body, self.copies
+
+        def steps() -> dict[str, float]:
+            started = time.perf_counter()
+            plans = [model.plan(body) for _ in range(copies)]
+            planned = time.perf_counter()
+            hidden = model.forward(plans)
+            forwarded = time.perf_counter()
+            outputs = [model.readout(plan, each) for plan, each in zip(plans, hidden, strict=True)]
+            read = time.perf_counter()
+            for plan, output in zip(plans, outputs, strict=True):
+                model.finish(plan, output)
+            ended = time.perf_counter()
+            return {"plan": planned - started, "forward": forwarded - planned, "readout": read - forwarded, "finish": ended - read}
+
+        return steps
 
 
 def backbone(tokens: int) -> Workload:

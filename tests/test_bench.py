@@ -39,7 +39,7 @@ def check_summary(summary: dict, count: int) -> None:
 def record(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     out = tmp_path_factory.mktemp("bench")
     argv = ["bench", "--package", str(tiny_vela), "--workloads", "backbone,noul-default,noul-default@2", "--tokens", "32",
-            "--requests", "3", "--warmup", "1", "--profile", "backbone-32",
+            "--requests", "3", "--warmup", "1", "--profile", "noul-default",
             "--http", "--http-workload", "noul-default", "--concurrency", "1,2", "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     return json.loads((out / "bench.json").read_text(encoding="utf-8")), out
@@ -69,8 +69,13 @@ def test_record_structure(record: tuple[dict, Path]) -> None:
     assert single["input_tokens"] > 0 and single["results"][REFERENCE]["answer_errors"] == 0
     assert merged["merged_requests"] == 2 and merged["input_tokens"] == single["input_tokens"]
     assert merged["results"][REFERENCE]["answer_errors"] == 0
-    assert data["profile"]["workload"] == "backbone-32" and data["profile"]["subject"] == REFERENCE
-    assert data["profile"]["wall_ms"] > 0 and data["profile"]["operators"] and data["profile"]["kernel_ms"] is None
+    profile = data["profile"]
+    assert profile["workload"] == "noul-default" and profile["subject"] == REFERENCE
+    assert profile["wall_ms"] > 0 and profile["operators"] and profile["kernel_ms"] is None
+    # A request is also timed step by step: where its milliseconds go on the host.
+    assert list(profile["stages_ms"]) == ["plan", "forward", "readout", "finish"]
+    assert all(value > 0 for value in profile["stages_ms"].values())
+    assert sum(profile["stages_ms"].values()) < 3 * profile["wall_ms_per_iteration"]
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -114,6 +119,13 @@ def test_merged_requests_answer_as_one_request_each(tiny_model) -> None:
         named("backbone-16@2", "vela2")
     with pytest.raises(UsageError, match="no workload"):
         named("noul-default@0", "vela2")
+
+
+def test_a_request_runs_in_steps_and_a_backbone_workload_does_not(tiny_model) -> None:
+    steps = named("noul-default@2", "vela2").stages(tiny_model)()
+    assert list(steps) == ["plan", "forward", "readout", "finish"] and all(value > 0 for value in steps.values())
+    with pytest.raises(UsageError, match="only requests run in steps"):
+        named("backbone-16", "vela2").stages(tiny_model)
 
 
 def test_http_clients_are_not_merged_requests(tiny_vela: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
