@@ -20,6 +20,7 @@ from onnxscript.optimizer._constant_folding import FOLDED_FROM_KEY
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
 from s1omni.export.graph_weights import PLACEHOLDER, WEIGHTS_FILE, Binding, SharedWeights, bind_weights
+from s1omni.export.onnx_check import check_graphs, reference_outputs
 from s1omni.export.onnx_export import (
     EXAMPLE_LENGTH,
     OPSET,
@@ -183,6 +184,23 @@ def test_bound_weights_are_the_package_tensors(engine: Path, tiny_vela: Path) ->
             compared.add(weight)
         # Every matrix: the embedding by name, the projections through their folded transposes.
         assert {"embed_tokens.weight", "layers.3.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight"} <= compared, file
+
+
+@pytest.mark.slow
+def test_the_check_fails_a_graph_with_one_wrong_weight(engine: Path, reference: TorchRunner, tmp_path: Path) -> None:
+    """The post-export check (the reference's outputs against both graphs'): the graphs as exported pass,
+    and the same graphs with one matrix's rows in reverse order fail."""
+    variants = {"fused": {graph: graph_file(graph, "fused") for graph in ("prefill", "continue")}}
+    expected = reference_outputs(reference.model)
+    assert check_graphs(expected, engine, variants)["fused"]["prefill.hidden"] < 1e-4
+    for graph, file in variants["fused"].items():
+        model = onnx.load(str(engine / file))
+        if graph == "prefill":
+            tensor = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+            tensor.CopyFrom(numpy_helper.from_array(np.flip(numpy_helper.to_array(tensor), 0).copy(), tensor.name))
+        onnx.save(model, str(tmp_path / file))
+    with pytest.raises(RuntimeError, match="differ from the transformers model"):
+        check_graphs(expected, tmp_path, variants)
 
 
 class _Weights:
