@@ -34,31 +34,26 @@ def export_package(
 
     ``recurrences``: the backbone forms to write (``s1omni.export.patches.RECURRENCES``: the portable ``Scan``
     graphs TensorRT parses, ONNX Runtime's fused kernels, or both)."""
-    # The tracing workers (a prefill and a continue graph per form) start first: they import torch and the
-    # exporter while this process verifies the package and imports them itself.
     started = time.perf_counter()
-    with workers.started(2 * len(recurrences)):
-        manifest = _export(Path(package_dir), Path(out), registry, recurrences)
-    progress.note(f"exported {manifest['member']['name']} in {time.perf_counter() - started:.1f} s")
-    return manifest
-
-
-def _export(package_dir: Path, out: Path, registry: Registry | None, recurrences: tuple[str, ...]) -> dict[str, Any]:
     with progress.timed(f"verified {package_dir}") as verification:
         package = verify(package_dir, registry or Registry.load())
         verification.detail = f" ({package.member.name}, {len(package.files)} files hashed)"
-    from .families import export_family  # torch and the exporter: not imported before the workers start
+    # The tracing workers (a prefill and a continue graph per form) start now, before this process imports
+    # torch and the exporter itself: the imports run side by side rather than one after the other.
+    with workers.started(2 * len(recurrences)):
+        from .families import export_family
 
-    with staged_directory(out, "export") as stage:
-        with progress.timed(f"{package.member.name}: wrote the export files") as files:
-            fields = export_family(package.family).write(package, stage, recurrences)
-        manifest = {
-            "family": package.family,
-            "member": identity_of(package).__dict__,
-            "source": {"package_files": package.files},
-            "stage": "export",
-            **fields,
-        }
-        with progress.timed("pinned the export's files in manifest.json") as pinning:
-            write_manifest(stage, manifest)
-    return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+        with staged_directory(out, "export") as stage:
+            with progress.timed(f"{package.member.name}: wrote the export files"):
+                fields = export_family(package.family).write(package, stage, recurrences)
+            manifest = {
+                "family": package.family,
+                "member": identity_of(package).__dict__,
+                "source": {"package_files": package.files},
+                "stage": "export",
+                **fields,
+            }
+            with progress.timed("pinned the export's files in manifest.json"):
+                write_manifest(stage, manifest)
+    progress.note(f"exported {package.member.name} in {time.perf_counter() - started:.1f} s")
+    return json.loads((Path(out) / "manifest.json").read_text(encoding="utf-8"))

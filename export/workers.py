@@ -2,9 +2,9 @@
 started before they are needed.
 
 A spawned worker spends seconds importing torch, transformers and the exporter before it traces
-anything. ``started`` spawns them at the beginning of an export, before this process has imported
+anything. ``started`` spawns them once the package is verified, before this process has imported
 any of those itself (this module imports none of them), so the workers' imports run beside the
-parent's and beside the package verification rather than after both; ``workers`` hands them to the
+parent's rather than after it (a package that fails verification starts none); ``workers`` hands them to the
 tracing (or spawns its own where none were started) and stops them once the graphs are traced, so
 they hold no memory while the weights are written and checked.
 """
