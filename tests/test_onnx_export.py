@@ -8,6 +8,7 @@ reference order: each prefix alone, its blocks in one right-padded batch).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import numpy as np
@@ -270,6 +271,11 @@ def test_a_weight_that_does_not_fit_its_placeholder_is_refused(bindings: dict, w
 def test_export_prints_its_progress_and_no_third_party_warnings(exported: Path) -> None:
     printed = (exported.parent / "export.stderr").read_text(encoding="utf-8")
     assert "s1omni export: tracing prefill" in printed and "s1omni export: checked" in printed  # the workers' lines too
+    phases = ("verified .*", "ran the torch reference for the check", "checked 4 graphs against the torch reference",
+              ".*: wrote heads and tokenizer", "pinned the export's files in manifest.json", "exported vela2-synth-tiny-s0")  # fmt: skip
+    for phase in phases:  # each phase says where its time went
+        assert re.search(rf"^s1omni export: {phase} in \d+\.\d s$", printed, re.MULTILINE), phase
+    assert re.search(r"^s1omni export: traced 4 graphs in \d+\.\d s, wrote them in \d+\.\d s$", printed, re.MULTILINE)
     assert "Warning" not in printed and "torchvision" not in printed, printed
 
 
