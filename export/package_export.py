@@ -41,7 +41,8 @@ def export_package(
     # The tracing workers (a prefill and a continue graph per form) start now, before this process imports
     # torch and the exporter itself: the imports run side by side rather than one after the other.
     with workers.started(2 * len(recurrences)):
-        from .families import export_family
+        with progress.timed("imported torch and the exporter"):
+            from .families import export_family
 
         with staged_directory(out, "export") as stage:
             with progress.timed(f"{package.member.name}: wrote the export files"):

@@ -58,7 +58,7 @@ def sha256_files(paths: Sequence[str | os.PathLike[str]]) -> list[str]:
     """``sha256_file`` of each path, in order, several files at a time (one per core, at most)."""
     if len(paths) < 2:
         return [sha256_file(path) for path in paths]
-    with ThreadPoolExecutor(min(len(paths), os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(min(len(paths), len(os.sched_getaffinity(0)))) as pool:
         return list(pool.map(sha256_file, paths))
 
 

@@ -271,7 +271,7 @@ def test_a_weight_that_does_not_fit_its_placeholder_is_refused(bindings: dict, w
 def test_export_prints_its_progress_and_no_third_party_warnings(exported: Path) -> None:
     printed = (exported.parent / "export.stderr").read_text(encoding="utf-8")
     assert "s1omni export: tracing prefill" in printed and "s1omni export: checked" in printed  # the workers' lines too
-    phases = ("verified .*", "ran the torch reference for the check", "checked 4 graphs against the torch reference",
+    phases = ("verified .*", "imported torch and the exporter", "ran the torch reference for the check", "checked 4 graphs against the torch reference",
               ".*: wrote heads and tokenizer", "pinned the export's files in manifest.json", "exported vela2-synth-tiny-s0")  # fmt: skip
     for phase in phases:  # each phase says where its time went
         assert re.search(rf"^s1omni export: {phase} in \d+\.\d s$", printed, re.MULTILINE), phase
