@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 import numpy as np
 import onnx
@@ -24,6 +24,8 @@ from onnx import TensorProto
 from onnxscript.optimizer._constant_folding import DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT
 from safetensors import safe_open
 from torch import nn
+
+from s1omni.runtime.digest import StreamDigest, record_written
 
 # Weights up to this many elements may be folded by value (the onnxscript optimiser's own input limit);
 # larger ones it only ever transposes, which the trace records as a ``Binding`` instead.
@@ -101,11 +103,14 @@ def _array(source: TensorSource, binding: Binding) -> np.ndarray:
 class SharedWeights:
     """One external data file for several graphs: a tensor already written is referenced, not repeated.
 
-    A bound weight is keyed by its ``Binding`` (read once for all graphs); a folded constant by its bytes."""
+    A bound weight is keyed by its ``Binding`` (read once for all graphs); a folded constant by its bytes.
+    The file is hashed from the bytes written, as they are written (``finish`` records the digest for
+    the manifest: ``s1omni.runtime.digest``), so a member's weights are never read back to be pinned."""
 
     def __init__(self, directory: Path):
         self.path = directory / WEIGHTS_FILE
         self.placed: dict[Binding | tuple[int, tuple[int, ...], bytes], tuple[int, int]] = {}  # key: (offset, length)
+        self.digest = StreamDigest()
 
     def place(self, tensor: TensorProto, key: Binding | tuple[int, tuple[int, ...], bytes], raw: bytes | np.ndarray | None = None) -> None:
         """Point ``tensor`` at its bytes in the file, writing ``raw`` first if they are not there yet
@@ -116,15 +121,23 @@ class SharedWeights:
             length = raw.nbytes if isinstance(raw, np.ndarray) else len(raw)
             with self.path.open("ab") as data:
                 if length >= ALIGNMENT:
-                    data.write(b"\0" * (-data.tell() % ALIGNMENT))
+                    self._write(data, b"\0" * (-data.tell() % ALIGNMENT))
                 self.placed[key] = data.tell(), length
-                data.write(raw.data if isinstance(raw, np.ndarray) else raw)
+                self._write(data, raw.data if isinstance(raw, np.ndarray) else raw)
         offset, length = self.placed[key]
         tensor.ClearField("raw_data")
         del tensor.external_data[:]
         tensor.data_location = TensorProto.EXTERNAL
         for name, value in (("location", WEIGHTS_FILE), ("offset", offset), ("length", length)):
             tensor.external_data.add(key=name, value=str(value))
+
+    def _write(self, data: BinaryIO, chunk: bytes | memoryview) -> None:
+        data.write(chunk)
+        self.digest.update(chunk)
+
+    def finish(self) -> None:
+        """Record the file's digest, every tensor written (``s1omni.runtime.digest.record_written``)."""
+        record_written(self.path, self.digest)
 
 
 def _placeholder(tensor: TensorProto) -> bool:
@@ -134,7 +147,8 @@ def _placeholder(tensor: TensorProto) -> bool:
 
 def _read_ahead(source: TensorSource, bindings: Sequence[Binding]) -> Iterator[np.ndarray]:
     """Each binding's array in turn, the next one read and converted (in a thread: safetensors and torch
-    release the GIL) while the caller writes this one. Two arrays at most are held at a time."""
+    release the GIL) while the caller writes this one. Two arrays at most are held at a time (a third
+    while ``SharedWeights`` hashes the one written before)."""
     if not bindings:  # every weight of this graph was written for the other one
         return
     with ThreadPoolExecutor(1) as reader:

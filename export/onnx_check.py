@@ -5,6 +5,10 @@ output is compared with transformers' own model: the prefill's hidden states and
 tensor with its DynamicCache, the continuation's hidden states with the reference runner's. The
 check is structural (a wrong graph is off by O(1) of the values' scale); the float32 gates of
 the numerical contract are the validation stage's.
+
+The reference's outputs (``reference_outputs``) need the model and not the graphs, so the export
+computes them while its workers trace, and frees the model before the graphs' sessions open
+(``check_graphs``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ RELATIVE = 1e-4
 
 
 @dataclass(frozen=True)
-class _Expected:
+class Expected:
     """The untouched model's outputs for one prefix and the block after it."""
 
     ids: np.ndarray
@@ -42,8 +46,9 @@ class _Expected:
     continued: np.ndarray  # the block's hidden states
 
 
-def _reference_outputs(model: nn.Module, lengths: tuple[int, int]) -> list[_Expected]:
-    """The model's outputs for prefix/block lengths ``lengths`` and reversed (random ids, seed 0)."""
+def reference_outputs(model: nn.Module, lengths: tuple[int, int] = LENGTHS) -> list[Expected]:
+    """The model's outputs for prefix/block lengths ``lengths`` and reversed (random ids, seed 0): what
+    ``check_graphs`` compares the graphs with."""
     reference = TorchRunner(model)
     names = state_names(model.config.layer_types)
     rng = np.random.default_rng(0)
@@ -55,26 +60,22 @@ def _reference_outputs(model: nn.Module, lengths: tuple[int, int]) -> list[_Expe
         continued = reference.continue_blocks(cache, Prefix(ids), [Block(block_ids, np.arange(block_length))])[0]
         with torch.no_grad():
             embeds = model.embed_tokens(torch.as_tensor(ids)[None]).numpy()
-        out.append(_Expected(ids, embeds, block_ids, reference.forward(ids), state, continued))
+        out.append(Expected(ids, embeds, block_ids, reference.forward(ids), state, continued))
     return out
 
 
-def check_graphs(
-    model: nn.Module, directory: Path, variants: Mapping[str, Mapping[str, str]], lengths: tuple[int, int] = LENGTHS
-) -> dict[str, dict[str, float]]:
-    """Per variant, the largest relative difference per output kind over prefix/block lengths ``lengths``
-    and reversed; the reference runs once for all of them, before any graph's session opens.
+def check_graphs(expected: list[Expected], directory: Path, variants: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str, float]]:
+    """Per variant, the largest relative difference per output kind from the reference's ``expected``
+    outputs (``reference_outputs``); ``RuntimeError`` where one exceeds ``RELATIVE``.
 
     ``variants`` names each variant's two graphs in ``directory`` (``{"fused": {"prefill": ...,
-    "continue": ...}}``). One graph's session is open at a time, and none beside the reference (a
-    9B member's float32 weights are 32 GB each), unless the caller keeps ``model``.
+    "continue": ...}}``). One graph's session is open at a time (a 9B member's float32 weights are
+    32 GB), and the caller holds no model beside it.
     """
-    expected = _reference_outputs(model, lengths)
-    del model  # the caller's last reference, where it passed one it does not keep
     return {variant: _check(directory, files, expected) for variant, files in variants.items()}
 
 
-def _check(directory: Path, files: Mapping[str, str], expected: list[_Expected]) -> dict[str, float]:
+def _check(directory: Path, files: Mapping[str, str], expected: list[Expected]) -> dict[str, float]:
     found: list[dict[str, float]] = [{} for _ in expected]
     states = []
     prefill = _session(directory / files["prefill"])

@@ -36,19 +36,17 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import multiprocessing
 import os
 import shutil
 import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
@@ -68,8 +66,11 @@ from s1omni.runtime.vela2.package import shard_names
 
 from .graph_weights import PLACEHOLDER, WEIGHTS_FILE, Binding, ModuleTensors, PackageTensors, SharedWeights, TensorSource, bind_weights, foldable
 from .layer_stamp import stamp_layers, template_types
-from .onnx_check import LENGTHS, check_graphs
+from .onnx_check import LENGTHS, Expected, check_graphs, reference_outputs
 from .patches import RECURRENCES, ContinueForward, PrefillForward, explicit_state_forward, state_names
+from .workers import worker_count, workers
+
+T = TypeVar("T")
 
 OPSET = 18  # Scan, Trilu, CumSum and Softplus are all there; TensorRT 10 parses it
 EXTERNAL_DATA_BYTES = 1_500_000_000  # weights above this go to weights.data (protobuf stops at 2 GiB)
@@ -432,13 +433,24 @@ def prefill_names(embeds: bool) -> list[str]:
 
 def build_graphs(jobs: list[GraphJob]) -> list[dict[str, Binding]]:
     """Every job's graph, side by side in worker processes (tracing is single-threaded Python), one per
-    core this process may run on."""
-    workers = min(len(jobs), len(os.sched_getaffinity(0)))
-    if workers == 1:
-        return [build_graph(job) for job in jobs]
-    # Spawned, not forked: the parent may already run torch's and ONNX Runtime's threads.
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(build_graph, jobs))
+    core this process may run on (``s1omni.export.workers``)."""
+    return build_graphs_beside(jobs, lambda: None)[0]
+
+
+def build_graphs_beside(jobs: list[GraphJob], meanwhile: Callable[[], T]) -> tuple[list[dict[str, Binding]], T]:
+    """``build_graphs``, and ``meanwhile()`` run here while the workers trace (its torch threads on the
+    cores they leave); both results."""
+    with workers(len(jobs)) as pool:
+        if pool is None:
+            return [build_graph(job) for job in jobs], meanwhile()
+        traced = [pool.submit(build_graph, job) for job in jobs]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - worker_count(len(jobs))))
+        try:
+            result = meanwhile()
+        finally:
+            torch.set_num_threads(threads)
+        return [future.result() for future in traced], result
 
 
 def node_count(model: onnx.ModelProto) -> int:
@@ -484,7 +496,9 @@ def export_graphs(
             for recurrence, graphs in files.items()
             for name, file in graphs.items()
         ]
-        bindings = build_graphs(jobs)
+        # The reference's outputs while the graphs are traced: the model is loaded, run and freed before
+        # the weights are written, so it is never in memory beside them or the graphs' sessions.
+        bindings, expected = build_graphs_beside(jobs, lambda: _reference(reference) if check else None)
         traced_seconds = time.perf_counter() - started
         shared = SharedWeights(stage) if weights > external_data_bytes else None
         nodes: dict[str, dict[str, int]] = {recurrence: {} for recurrence in recurrences}
@@ -496,10 +510,14 @@ def export_graphs(
             onnx.save(graph, str(stage / file))
             onnx.checker.check_model(str(stage / file))
             nodes[job.recurrence][job.graph] = node_count(graph)
+        if shared:
+            shared.finish()
         seconds = time.perf_counter() - started
-        progress.note(f"traced {len(jobs)} graphs in {traced_seconds:.0f} s, wrote them in {seconds - traced_seconds:.0f} s")
-        with quiet_third_party():
-            report = check_graphs(reference(), stage, files) if check else None
+        progress.note(f"traced {len(jobs)} graphs in {traced_seconds:.1f} s, wrote them in {seconds - traced_seconds:.1f} s")
+        report = None
+        if expected is not None:
+            with progress.timed(f"checked {len(jobs)} graphs against the torch reference"), quiet_third_party():
+                report = check_graphs(expected, stage, files)
         record = {
             "format": "s1omni-backbone-onnx/2",
             "graphs": files,
@@ -514,8 +532,14 @@ def export_graphs(
             "versions": {package: version(package) for package in ("torch", "transformers", "onnx", "onnxruntime", "onnxscript")},
         }
         (stage / "export.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    progress.note(f"wrote {out_dir} in {time.perf_counter() - started:.0f} s")
+    progress.note(f"wrote {out_dir} in {time.perf_counter() - started:.1f} s")
     return out_dir
+
+
+def _reference(reference: Callable[[], nn.Module]) -> list[Expected]:
+    """The check's reference outputs, from the model ``reference()`` gives (dropped once they are computed)."""
+    with progress.timed("ran the torch reference for the check"), quiet_third_party():
+        return reference_outputs(reference())
 
 
 def export_model(model: nn.Module, out_dir: Path, **options: Any) -> Path:

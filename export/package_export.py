@@ -10,38 +10,51 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+from s1omni.runtime import progress
 from s1omni.runtime.engine import write_manifest
 from s1omni.runtime.identity import identity_of
 from s1omni.runtime.package import verify
 from s1omni.runtime.registry import Registry
 from s1omni.runtime.staging import staged_directory
 
-from .families import export_family
-from .patches import RECURRENCES
+from . import workers
 
 
 def export_package(
     package_dir: str | os.PathLike[str],
     out: str | os.PathLike[str],
-    registry: Registry | None = None,
-    recurrences: tuple[str, ...] = RECURRENCES,
+    registry: Registry | None,
+    recurrences: tuple[str, ...],
 ) -> dict[str, Any]:
     """Verify, write the family's graphs, heads and settings, then the manifest; returns the manifest.
 
     ``recurrences``: the backbone forms to write (``s1omni.export.patches.RECURRENCES``: the portable ``Scan``
     graphs TensorRT parses, ONNX Runtime's fused kernels, or both)."""
-    package = verify(package_dir, registry or Registry.load())
-    with staged_directory(out, "export") as stage:
-        fields = export_family(package.family).write(package, stage, recurrences)
-        manifest = {
-            "family": package.family,
-            "member": identity_of(package).__dict__,
-            "source": {"package_files": package.files},
-            "stage": "export",
-            **fields,
-        }
-        write_manifest(stage, manifest)
+    started = time.perf_counter()
+    with progress.timed(f"verified {package_dir}") as verification:
+        package = verify(package_dir, registry or Registry.load())
+        verification.detail = f" ({package.member.name}, {len(package.files)} files hashed)"
+    # The tracing workers (a prefill and a continue graph per form) start now, before this process imports
+    # torch and the exporter itself: the imports run side by side rather than one after the other.
+    with workers.started(2 * len(recurrences)):
+        with progress.timed("imported torch and the exporter"):
+            from .families import export_family
+
+        with staged_directory(out, "export") as stage:
+            with progress.timed(f"{package.member.name}: wrote the export files"):
+                fields = export_family(package.family).write(package, stage, recurrences)
+            manifest = {
+                "family": package.family,
+                "member": identity_of(package).__dict__,
+                "source": {"package_files": package.files},
+                "stage": "export",
+                **fields,
+            }
+            with progress.timed("pinned the export's files in manifest.json"):
+                write_manifest(stage, manifest)
+    progress.note(f"exported {package.member.name} in {time.perf_counter() - started:.1f} s")
     return json.loads((Path(out) / "manifest.json").read_text(encoding="utf-8"))

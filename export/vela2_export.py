@@ -28,8 +28,8 @@ def write_vela2(package: VerifiedPackage, stage: Path, recurrences: tuple[str, .
     """The backbone graphs, heads, tokenizer, config and calibration of a Vela 2.0 decoder package."""
     progress.note(f"{package.member.name}: tracing the backbone to ONNX")
     move_into(export_backbone(package.root, stage / "graphs", recurrences=recurrences), stage)
-    progress.note(f"{package.member.name}: writing heads and tokenizer")
-    export_heads(package, stage)
-    for name in COPIED:
-        shutil.copyfile(package.root / name, stage / name)
+    with progress.timed(f"{package.member.name}: wrote heads and tokenizer"):
+        export_heads(package, stage)
+        for name in COPIED:
+            shutil.copyfile(package.root / name, stage / name)
     return {"max_tokens": int(package.details["config"]["max_length"])}

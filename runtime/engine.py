@@ -25,7 +25,7 @@ from typing import Any
 
 from s1omni.calib import CALIB
 
-from .digest import sha256_file
+from .digest import pinned_sha256, sha256_files
 from .errors import PackageError
 from .families import family
 from .package import inside, present_files
@@ -59,8 +59,10 @@ def read_stage(path: str | os.PathLike[str], stage: str) -> dict[str, Any]:
 
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    """Write ``manifest.json`` with every other file of ``path`` pinned (atomically replaced)."""
-    pins = {name: sha256_file(path / name) for name in present_files(path) if name != MANIFEST}
+    """Write ``manifest.json`` with every other file of ``path`` pinned (atomically replaced); a file this
+    process wrote and hashed as it wrote it is pinned with that digest (``runtime.digest.pinned_sha256``)."""
+    names = [name for name in present_files(path) if name != MANIFEST]
+    pins = dict(zip(names, pinned_sha256([path / name for name in names]), strict=True))
     _replace_manifest(path, {**manifest, "files": pins})
 
 
@@ -86,10 +88,12 @@ def verify_files(path: Path, manifest: dict[str, Any]) -> None:
     extra = sorted(set(present) - set(pinned))
     if extra:
         raise PackageError(f"{extra[0]} is not pinned by {path / MANIFEST}")
-    for name, digest in sorted(pinned.items()):
+    names = sorted(pinned)
+    for name in names:
         if name not in present:
             raise PackageError(f"{name} is missing from the engine {path}")
-        if sha256_file(path / name) != digest:
+    for name, actual in zip(names, sha256_files([path / name for name in names]), strict=True):
+        if actual != pinned[name]:
             raise PackageError(f"{name} differs from {path / MANIFEST}; rebuild the engine")
 
 

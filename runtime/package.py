@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import families
-from .digest import sha256_file
+from .digest import sha256_file, sha256_files
 from .errors import PackageError
 from .registry import Member, Registry
 
@@ -175,7 +175,7 @@ def verify(root: str | os.PathLike[str], registry: Registry | None = None, famil
     missing = [name for name in loaded if name not in present]
     if missing:
         raise PackageError(f"{missing[0]} is missing")
-    files = {name: sha256_file(root / name) for name in loaded}
+    files = dict(zip(loaded, sha256_files([root / name for name in loaded]), strict=True))
     identity = gate.identity(root, files)
     member = _identify(gate, root, registry, identity, files)
     _compare_pins(member, gate.pins(root, member, files), root, files, present)

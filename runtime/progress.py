@@ -4,14 +4,17 @@ One helper for every stage (synth, fetch, export, build, validate, bench), so th
 starts the same way (``s1omni <command>: ``) and one switch silences them. Bars are drawn only
 when stderr is a terminal; notes are plain lines there and in logs alike. ``configure(quiet=True)``
 (the CLI's ``--quiet``) turns both off, and Hugging Face Hub's download bars with them. Library
-callers that never configure get notes under the ``s1omni`` prefix.
+callers that never configure get notes under the ``s1omni`` prefix. A stage says where its time
+goes: each phase's closing line ends with its seconds (``timed``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TypeVar
 
 from tqdm import tqdm
@@ -41,6 +44,29 @@ def note(message: str) -> None:
     """One line of progress on stderr (between the bars on a terminal)."""
     if not _settings["quiet"]:
         tqdm.write(f"{_settings['prefix']}: {message}", file=sys.stderr)
+
+
+class Phase:
+    """A phase's seconds (so far, or in all once it has ended), and what its closing line adds (``detail``)."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.ended: float | None = None
+        self.detail = ""
+
+    @property
+    def seconds(self) -> float:
+        return (self.ended or time.perf_counter()) - self.started
+
+
+@contextmanager
+def timed(done: str) -> Iterator[Phase]:
+    """A phase whose closing line, when it ends without an error, says ``done in N.N s`` (with the
+    ``detail`` the block set on the phase before the seconds)."""
+    phase = Phase()
+    yield phase
+    phase.ended = time.perf_counter()
+    note(f"{done}{phase.detail} in {phase.seconds:.1f} s")
 
 
 def bar(total: float | None, what: str, unit: str = "it", unit_scale: bool = False, shown: bool = True) -> tqdm:

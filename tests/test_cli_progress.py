@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -43,3 +44,16 @@ def test_a_log_gets_the_lines_alone(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_quiet_silences_both(monkeypatch: pytest.MonkeyPatch) -> None:
     assert shown(Terminal(), monkeypatch, quiet=True) == ""
+
+
+def test_a_phase_closes_with_its_seconds_and_not_on_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stream)
+    progress.configure("s1omni export", quiet=False)
+    with progress.timed("verified pkg") as phase:
+        phase.detail = " (7 files hashed)"
+    with pytest.raises(RuntimeError), progress.timed("checked the graphs"):
+        raise RuntimeError("differ")
+    line = stream.getvalue()
+    assert re.fullmatch(r"s1omni export: verified pkg \(7 files hashed\) in \d+\.\d s\n", line), line
+    assert phase.seconds == phase.seconds >= 0  # frozen once the phase ended

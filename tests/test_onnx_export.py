@@ -8,6 +8,7 @@ reference order: each prefix alone, its blocks in one right-padded batch).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from onnxscript.optimizer._constant_folding import FOLDED_FROM_KEY
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
 from s1omni.export.graph_weights import PLACEHOLDER, WEIGHTS_FILE, Binding, SharedWeights, bind_weights
+from s1omni.export.onnx_check import check_graphs, reference_outputs
 from s1omni.export.onnx_export import (
     EXAMPLE_LENGTH,
     OPSET,
@@ -185,6 +187,23 @@ def test_bound_weights_are_the_package_tensors(engine: Path, tiny_vela: Path) ->
         assert {"embed_tokens.weight", "layers.3.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight"} <= compared, file
 
 
+@pytest.mark.slow
+def test_the_check_fails_a_graph_with_one_wrong_weight(engine: Path, reference: TorchRunner, tmp_path: Path) -> None:
+    """The post-export check (the reference's outputs against both graphs'): the graphs as exported pass,
+    and the same graphs with one matrix's rows in reverse order fail."""
+    variants = {"fused": {graph: graph_file(graph, "fused") for graph in ("prefill", "continue")}}
+    expected = reference_outputs(reference.model)
+    assert check_graphs(expected, engine, variants)["fused"]["prefill.hidden"] < 1e-4
+    for graph, file in variants["fused"].items():
+        model = onnx.load(str(engine / file))
+        if graph == "prefill":
+            tensor = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+            tensor.CopyFrom(numpy_helper.from_array(np.flip(numpy_helper.to_array(tensor), 0).copy(), tensor.name))
+        onnx.save(model, str(tmp_path / file))
+    with pytest.raises(RuntimeError, match="differ from the transformers model"):
+        check_graphs(expected, tmp_path, variants)
+
+
 class _Weights:
     """A hand-made weight source."""
 
@@ -252,6 +271,11 @@ def test_a_weight_that_does_not_fit_its_placeholder_is_refused(bindings: dict, w
 def test_export_prints_its_progress_and_no_third_party_warnings(exported: Path) -> None:
     printed = (exported.parent / "export.stderr").read_text(encoding="utf-8")
     assert "s1omni export: tracing prefill" in printed and "s1omni export: checked" in printed  # the workers' lines too
+    phases = ("verified .*", "imported torch and the exporter", "ran the torch reference for the check", "checked 4 graphs against the torch reference",
+              ".*: wrote heads and tokenizer", "pinned the export's files in manifest.json", "exported vela2-synth-tiny-s0")  # fmt: skip
+    for phase in phases:  # each phase says where its time went
+        assert re.search(rf"^s1omni export: {phase} in \d+\.\d s$", printed, re.MULTILINE), phase
+    assert re.search(r"^s1omni export: traced 4 graphs in \d+\.\d s, wrote them in \d+\.\d s$", printed, re.MULTILINE)
     assert "Warning" not in printed and "torchvision" not in printed, printed
 
 
