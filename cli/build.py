@@ -37,8 +37,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--gated-delta-inputs",
         choices=["fp16", "fp32"],
         help="onnxruntime/cuda with the GatedDeltaNet kernel only: the type of its q, k and v (default fp32, which runs its "
-        "sequential engine at every length; fp16, at --precision bf16 only and opt-in until validated on an H200, is what "
-        "its chunked tensor-core prefill engine needs for head size 128); the state, decay and beta stay float32",
+        "sequential engine at every length; fp16, at --precision bf16 only and opt-in until validated on the H200 at "
+        "every size (the 0.8B passes), is what its chunked tensor-core prefill engine needs for head size 128); the "
+        "state, decay and beta stay float32",
     )
     parser.add_argument(
         "--no-op-fusion",

@@ -9,8 +9,9 @@ execution provider options to run them with:
 - ``cuda``: the ``fused`` graphs where exported, each Gated DeltaNet layer one contrib node that
   ``--gated-delta-kernel`` picks (``s1omni.export.cuda_kernels``), at ``--precision bf16`` (the default, the
   fastest: weight GEMMs in bfloat16, ``s1omni.export.bf16_gemms``, held to the gpu-reduced gate), ``fp32``
-  (TF32 off; for parity work, the gpu gate) or ``tf32``. Two bf16 options are opt-in until an H200 record
-  shows a build with them passing gpu-reduced and faster: ``--gated-delta-inputs fp16`` feeds the GatedDeltaNet
+  (TF32 off; for parity work, the gpu gate) or ``tf32``. Two bf16 options are opt-in until H200 records
+  show builds with them passing gpu-reduced and faster at every member size (the 0.8B's does,
+  ``benchmarks/h200-0.8B-gdn16``): ``--gated-delta-inputs fp16`` feeds the GatedDeltaNet
   nodes float16 q/k/v, which their chunked prefill engine needs, and ``--merged-projections`` merges the
   projections that read one activation into one GEMM each (``s1omni.export.merged_projections``); fp32 and tf32
   builds keep the exported graph's. TF32 matmuls are

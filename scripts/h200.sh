@@ -101,7 +101,8 @@ if wants build; then
     precision=${variant#*:} flags=()
     if has "$precision" unfused; then flags+=(--no-op-fusion); fi
     if has "$precision" graphs; then flags+=(--cuda-graphs); else flags+=(--no-cuda-graphs); fi  # graphs are the build default
-    if has "$precision" gdn16; then flags+=(--gated-delta-inputs fp16); fi
+    # Explicit either way (fp16 is the bf16 builds' default), so a variant's name says what it built.
+    if has "$precision" gdn16; then flags+=(--gated-delta-inputs fp16); else flags+=(--gated-delta-inputs fp32); fi
     if has "$precision" merged; then flags+=(--merged-projections); fi
     s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "${variant%:*}" --precision "${precision%%/*}" \
       "${flags[@]}" --out "$(engine "$variant")"
