@@ -26,14 +26,13 @@
 #
 # Results land in OUT: validate-SIZE-KERNEL[-PRECISION].txt/.json, bench.json, bench.png and the logs.
 #
-# Wall time on the lent H200 (16 cores): synth 0.8B 26 s, 9B 106 s; export 0.8B 170 s, 4B 363 s,
-# 9B 583 s (mostly the exporter's graph passes; before the graphs were traced from the config, side by
-# side: export-SIZE.txt has the new figures); validate 9B 90 s with a saved
-# reference; bench 9B 255 s. A 9B synth+export outlasts one 600 s call: start it detached
-# (setsid nohup scripts/h200.sh 9B OUT synth,export > LOG 2>&1 & echo $! > PIDFILE) and poll it from
-# the calls that stage the wheels (kill -0 "$(cat PIDFILE)"; a `pgrep -f` pattern also matches the
-# polling call's own command line, which contains it); the machine keeps it running while calls follow
-# each other. The 0.8B and 4B synth+export run side by side (~460 s for both, ~30 GB of disk).
+# Wall time on the lent H200 (16 cores): synth 0.8B 26 s, 9B 106 s; export 0.8B 57 s, 4B 96 s, 9B 131 s
+# (benchmarks/README.md, "Export times on the H200"); build 4B 159 s, 9B 310 s; validate 9B 90 s with a
+# saved reference; bench 9B 255 s. Steps that together outlast one 600 s call run detached
+# (setsid nohup scripts/h200.sh 9B OUT synth,export,build > LOG 2>&1 & echo $! > PIDFILE), polled from
+# calls that follow each other (kill -0 "$(cat PIDFILE)"; a `pgrep -f` pattern also matches the polling
+# call's own command line, which contains it). With S1OMNI_SCRATCH=/dev/shm/w the exports and engines go
+# to memory: the 9B's 32 GB export does not fit the disk beside its package.
 set -euo pipefail
 size=${1:?size: 0.8B, 4B or 9B}
 out=${2:?output directory}
