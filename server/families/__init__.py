@@ -9,10 +9,9 @@ vllm-project/semantic-router, ``{"error": {"code", "message"}}``) or ``omnijev``
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol
 
-from s1omni.runtime.api import DecisionModel, Plan
+from s1omni.runtime.api import DecisionModel
 from s1omni.runtime.errors import RequestError
 from s1omni.runtime.families import family
 
@@ -52,18 +51,6 @@ class Family(Protocol):
     def live(self) -> dict[str, Any]: ...
 
     def models(self, card: dict[str, Any]) -> dict[str, Any]: ...
-
-
-def read_and_finish(model: DecisionModel, plan: Plan, forwarded: Any, timing: Timing) -> dict[str, Any]:
-    """The response of a plan from its share of a forward: ``model.readout`` (adds to ``timing.heads``),
-    then ``model.finish`` (to ``timing.post``). Off the worker thread, so the next forward runs meanwhile."""
-    mark = time.perf_counter()
-    result = model.readout(plan, forwarded)
-    read = time.perf_counter()
-    content = model.finish(plan, result)
-    timing.heads += read - mark
-    timing.post += time.perf_counter() - read
-    return content
 
 
 def _vela(config: ServeConfig, metrics: Metrics) -> Family:

@@ -31,7 +31,7 @@ from s1omni.runtime.omnijev import contract, layout
 from ..metrics import Metrics
 from ..scheduler import Arrival, Job, Limits, Scheduler
 from ..timing import Timing
-from . import read_and_finish
+from .readout import read_and_finish
 
 if TYPE_CHECKING:
     from s1omni.runtime.omnijev.model import OmniJevModel

@@ -27,7 +27,7 @@ from .. import envelope, wire
 from ..config import ServeConfig
 from ..scheduler import EXPIRED, Arrival, Job, Scheduler
 from ..timing import Timing
-from . import read_and_finish
+from .readout import read_and_finish
 
 # The contract version reported to clients (vela2-decoder.md §6.5).
 API_VERSION = "2.1.0"

@@ -101,11 +101,21 @@ def _raising(method: Callable[..., Any], where: Callable[..., bool]) -> Callable
     return failing
 
 
+def _raising_readout(method: Callable[..., Any]) -> Callable[..., Any]:
+    def failing(plan: Any, forwarded: Any) -> Any:
+        if any(question.id == "boom" for question in plan.questions):
+            raise RuntimeError("the heads exploded")
+        return method(plan, forwarded)
+
+    return failing
+
+
 BREAKS: dict[str, Callable[[OmniJevModel], None]] = {
     "preparation": lambda model: setattr(model, "plan", _raising(model.plan, lambda body: "boom" in body["questions"])),
     "execution": lambda model: setattr(
-        model, "execute", _raising(model.execute, lambda plans: any(q.id == "boom" for p in plans for q in p.questions))
+        model, "forward", _raising(model.forward, lambda plans: any(q.id == "boom" for p in plans for q in p.questions))
     ),
+    "heads": lambda model: setattr(model, "readout", _raising_readout(model.readout)),
     "a non-finite answer": lambda model: setattr(model, "finish", _nan_answer(model.finish)),
 }
 
