@@ -34,7 +34,7 @@ WORD_CHUNK = 64
 # The chunks run on these threads: numpy and scipy's erf release the GIL in their loops, and each
 # chunk's values are computed by the same operations whichever thread runs it, so the scores are
 # bitwise those of one thread. The GELU over [words, labels, d] is most of a span block's head time.
-_CHUNK_THREADS = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="s1omni-span-head")
+_CHUNK_THREADS = ThreadPoolExecutor(max_workers=min(8, len(os.sched_getaffinity(0))), thread_name_prefix="s1omni-span-head")
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5) -> np.ndarray:
