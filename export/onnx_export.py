@@ -27,8 +27,8 @@ the package's safetensors afterwards, one tensor at a time (the next one read wh
 written). The graphs are those a trace of the loaded model gives, node for node and byte for byte
 (``tests/test_onnx_export.py``, ``tests/test_layer_stamp.py``).
 
-Members whose weights exceed ``EXTERNAL_DATA_BYTES`` keep them in ``weights.data``, written once
-for both graphs. Every export is checked before it is kept (``s1omni.export.onnx_check``).
+Members whose weights exceed ``EXTERNAL_DATA_BYTES`` keep them in ``weights.data`` (several files
+for the largest: ``graph_weights.weights_files``), written once for both graphs. Every export is checked before it is kept (``s1omni.export.onnx_check``).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from s1omni.runtime.runners.torch_runner import BACKBONE_PREFIX, eager_config, e
 from s1omni.runtime.staging import staged_directory
 from s1omni.runtime.vela2.package import shard_names
 
-from .graph_weights import PLACEHOLDER, WEIGHTS_FILE, Binding, ModuleTensors, PackageTensors, SharedWeights, TensorSource, bind_weights, foldable
+from .graph_weights import PLACEHOLDER, Binding, ModuleTensors, PackageTensors, SharedWeights, TensorSource, bind_weights, foldable, read_float32
 from .layer_stamp import stamp_layers, template_types
 from .onnx_check import LENGTHS, Expected, check_graphs, reference_outputs
 from .patches import RECURRENCES, ContinueForward, PrefillForward, explicit_state_forward, state_names
@@ -159,7 +159,7 @@ def loaded_backbone(config: Any, source: TensorSource) -> nn.Module:
     """The model the torch reference loads (float32, every weight strictly), converted one tensor at a time:
     the member's weights are in memory once, never beside a second copy of them."""
     model = empty_backbone(config)
-    model.load_state_dict({name: torch.from_numpy(source.read(name)) for name in source.shapes()}, strict=True, assign=True)
+    model.load_state_dict({name: torch.from_numpy(read_float32(source, name)) for name in source.shapes()}, strict=True, assign=True)
     return model
 
 
@@ -500,11 +500,11 @@ def export_graphs(
         # the weights are written, so it is never in memory beside them or the graphs' sessions.
         bindings, expected = build_graphs_beside(jobs, lambda: _reference(reference) if check else None)
         traced_seconds = time.perf_counter() - started
-        shared = SharedWeights(stage) if weights > external_data_bytes else None
+        shared = SharedWeights(stage, weights) if weights > external_data_bytes else None
         nodes: dict[str, dict[str, int]] = {recurrence: {} for recurrence in recurrences}
         for job, bound in zip(jobs, bindings, strict=True):
             file = files[job.recurrence][job.graph]
-            progress.note(f"writing {file}" + (f" (weights in {WEIGHTS_FILE})" if shared else ""))
+            progress.note(f"writing {file}" + (f" (weights in {_files(shared.names)})" if shared else ""))
             graph = onnx.load(str(job.path), load_external_data=False)
             bind_weights(graph, bound, source, shared)
             onnx.save(graph, str(stage / file))
@@ -519,9 +519,9 @@ def export_graphs(
             with progress.timed(f"checked {len(jobs)} graphs against the torch reference"), quiet_third_party():
                 report = check_graphs(expected, stage, files)
         record = {
-            "format": "s1omni-backbone-onnx/2",
+            "format": "s1omni-backbone-onnx/3",
             "graphs": files,
-            "weights": WEIGHTS_FILE if shared else None,
+            "weights": shared.names if shared else None,
             "state": names,
             "prefill_input": prefill_names(prefill_embeds)[0],
             "opset": opset,
@@ -534,6 +534,10 @@ def export_graphs(
         (stage / "export.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     progress.note(f"wrote {out_dir} in {time.perf_counter() - started:.1f} s")
     return out_dir
+
+
+def _files(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{len(names)} files, {names[0]} ..."
 
 
 def _reference(reference: Callable[[], nn.Module]) -> list[Expected]:

@@ -35,12 +35,13 @@ def export_package(
     ``recurrences``: the backbone forms to write (``s1omni.export.patches.RECURRENCES``: the portable ``Scan``
     graphs TensorRT parses, ONNX Runtime's fused kernels, or both)."""
     started = time.perf_counter()
-    with progress.timed(f"verified {package_dir}") as verification:
-        package = verify(package_dir, registry or Registry.load())
-        verification.detail = f" ({package.member.name}, {len(package.files)} files hashed)"
-    # The tracing workers (a prefill and a continue graph per form) start now, before this process imports
-    # torch and the exporter itself: the imports run side by side rather than one after the other.
+    # The tracing workers (a prefill and a continue graph per form) start first, before the package is
+    # verified and this process imports torch and the exporter itself: their imports run beside those
+    # rather than after them (a package that fails verification stops them at once).
     with workers.started(2 * len(recurrences)):
+        with progress.timed(f"verified {package_dir}") as verification:
+            package = verify(package_dir, registry or Registry.load())
+            verification.detail = f" ({package.member.name}, {len(package.files)} files hashed)"
         with progress.timed("imported torch and the exporter"):
             from .families import export_family
 

@@ -52,8 +52,9 @@ def is_output(path: Path, kind: str) -> bool:
         if kind == "reference":
             return present <= set(REFERENCE_FILES)
         if kind == "backbone":
-            weights = read_json(path / BACKBONE_RECORD).get("weights")
-            return all(name.endswith(".onnx") or name in (BACKBONE_RECORD, weights) for name in present)
+            weights = read_json(path / BACKBONE_RECORD).get("weights") or []
+            weights = [weights] if isinstance(weights, str) else weights  # one file's name, before format 3
+            return all(name.endswith(".onnx") or name in (BACKBONE_RECORD, *weights) for name in present)
         manifest = read_manifest(path)
     except (OSError, ValueError):  # PackageError among them: not a readable output of this kind
         return False

@@ -12,7 +12,7 @@
 #   synth     a synthetic Vela member of SIZE (0.8B, 4B, 9B; random weights, real shapes)
 #   export    its backbone to ONNX, fused Gated DeltaNet graphs only ($RECURRENCE=both for the Scan graphs
 #             too; TensorRT is not run here), timed: export-SIZE.txt has the wall time and the host's peak
-#             memory in use against the size of weights.data
+#             memory in use against the size of the weights files
 #   build     ONNX Runtime CUDA engines: one per $KERNELS (GatedDeltaNet, LinearAttention) and $PRECISIONS
 #             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16; tf32; suffixes: "/unfused" builds
 #             with --no-op-fusion, "/graphs" with --cuda-graphs, "/gdn16" with --gated-delta-inputs fp16, "/merged" with --merged-projections,
@@ -87,10 +87,10 @@ if wants export; then
     s1omni export "$pkg" --out "$exp" --recurrence "${RECURRENCE:-fused}" 2>&1 | tee "$out/export-$size.log"
     ended=$(date +%s.%N)
     kill "$sampler"
-    weights=$(du -b "$exp"/weights.data 2>/dev/null | cut -f1 || echo 0)
+    weights=$(du -bc "$exp"/weights*.data 2>/dev/null | tail -n 1 | cut -f1 || echo 0)  # every weights file
     # The ratio is parenthesised: a bare > among printf's arguments would redirect its output to a file.
     awk -v s="$started" -v e="$ended" -v p="$(cat "$out/export-$size.peak")" -v b="$base" -v w="$weights" -v size="$size" 'BEGIN {
-      printf "export %s: %.0f s, peak host memory %.1f GB over the %.1f GB in use before, weights.data %.1f GB (%.2fx)\n",
+      printf "export %s: %.0f s, peak host memory %.1f GB over the %.1f GB in use before, weights %.1f GB (%.2fx)\n",
         size, e - s, (p - b) / 1048576, b / 1048576, w / 1e9, (w > 0 ? (p - b) * 1024 / w : 0) }' | tee "$out/export-$size.txt"
   fi
 fi

@@ -4,6 +4,7 @@ and the staging directories of a killed run are cleared by the next run (only th
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -83,6 +84,18 @@ def test_outputs_are_recognised_by_their_contents(exported: Path, tiny_vela: Pat
     with pytest.raises(InputError, match="previous s1omni export output"), staged_directory(export, "export"):
         pytest.fail("the block never runs for a refused target")
     assert (export / "extra.onnx").exists()
+
+
+@pytest.mark.parametrize("weights", [["weights-00001-of-00002.data", "weights-00002-of-00002.data"], "weights.data"])
+def test_a_backbone_export_is_its_graphs_and_the_weights_files_its_record_names(weights: list[str] | str, tmp_path: Path) -> None:
+    """Several weights files (format 3) or one by its name (before it): what the record names is the export's."""
+    (tmp_path / "prefill.onnx").write_bytes(b"")
+    (tmp_path / "export.json").write_text(json.dumps({"weights": weights}), encoding="utf-8")
+    for name in [weights] if isinstance(weights, str) else weights:
+        (tmp_path / name).write_bytes(b"")
+    assert is_output(tmp_path, "backbone")
+    (tmp_path / "weights-00003-of-00002.data").write_bytes(b"")  # a file the record does not name
+    assert not is_output(tmp_path, "backbone")
 
 
 def test_stale_staging_directories_of_a_killed_run_are_cleared_and_nothing_else(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
+from s1omni.export import graph_weights
 from s1omni.export.graph_weights import ALIGNMENT, WEIGHTS_FILE, Binding, SharedWeights
 from s1omni.runtime.digest import StreamDigest, pinned_sha256, record_written, sha256_file, sha256_files
 from s1omni.runtime.engine import read_manifest, verify_files, write_manifest
@@ -23,7 +24,34 @@ def _weights(directory: Path) -> Path:
     for key, values in ((Binding("small"), np.ones(3, np.float32)), (Binding("large"), large), (Binding("small"), None)):
         shared.place(TensorProto(name=key.weight), key, values)
     shared.finish()
-    return shared.path
+    return shared.files[0].path
+
+
+def test_large_weights_are_spread_over_files_each_pinned_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``WEIGHTS_FILE_BYTES`` the weights go to several files, each tensor to the emptiest, so
+    consecutive tensors are hashed side by side; every tensor reads back whole from its file, and every
+    file (one no tensor reached too) is pinned with the digest of what it holds."""
+    monkeypatch.setattr(graph_weights, "WEIGHTS_FILE_BYTES", 2 * ALIGNMENT)
+    shared = SharedWeights(tmp_path, 5 * ALIGNMENT)
+    assert shared.names == [f"weights-0000{index}-of-00003.data" for index in (1, 2, 3)]
+    tensors = {}
+    for index, size in enumerate([ALIGNMENT // 4, ALIGNMENT // 4, 3, ALIGNMENT // 2]):  # float32 elements
+        values = np.arange(size, dtype=np.float32) + index
+        tensors[f"w{index}"] = (TensorProto(name=f"w{index}", data_type=TensorProto.FLOAT, dims=[size]), values)
+        shared.place(tensors[f"w{index}"][0], Binding(f"w{index}"), values)
+    shared.finish()
+    locations = {name: tensor.external_data[0].value for name, (tensor, _) in tensors.items()}
+    assert locations == {"w0": shared.names[0], "w1": shared.names[1], "w2": shared.names[2], "w3": shared.names[2]}
+    for tensor, values in tensors.values():
+        assert numpy_helper.to_array(tensor, str(tmp_path)).tobytes() == values.tobytes()
+    write_manifest(tmp_path, {"stage": "export"})
+    pins = read_manifest(tmp_path)["files"]
+    assert pins == {name: sha256_file(tmp_path / name) for name in shared.names}
+
+
+def test_one_weights_file_up_to_the_limit() -> None:
+    assert graph_weights.weights_files(0) == graph_weights.weights_files(graph_weights.WEIGHTS_FILE_BYTES) == [WEIGHTS_FILE]
+    assert len(graph_weights.weights_files(graph_weights.WEIGHTS_FILE_BYTES + 1)) == 2
 
 
 def test_stream_digest_is_the_digest_of_the_bytes_in_order() -> None:

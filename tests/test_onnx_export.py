@@ -8,6 +8,7 @@ reference order: each prefix alone, its blocks in one right-padded batch).
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxscript.optimizer._constant_folding import FOLDED_FROM_KEY
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
-from s1omni.export.graph_weights import PLACEHOLDER, WEIGHTS_FILE, Binding, SharedWeights, bind_weights
+from s1omni.export import graph_weights
+from s1omni.export.graph_weights import PLACEHOLDER, WEIGHTS_FILE, Binding, SharedWeights, bind_weights, read_float32
 from s1omni.export.onnx_check import check_graphs, reference_outputs
 from s1omni.export.onnx_export import (
     EXAMPLE_LENGTH,
@@ -178,7 +180,7 @@ def test_bound_weights_are_the_package_tensors(engine: Path, tiny_vela: Path) ->
             if len(names) != 1 or not names[0].startswith("model.") or (folded and len(tensor.dims) != 2):
                 continue  # a constant of the graph's own, or one computed from weights (1 + weight, -exp(A_log))
             weight, values = names[0].removeprefix("model."), numpy_helper.to_array(tensor)
-            expected = source.read(weight)
+            expected = read_float32(source, weight)
             if folded:  # a matrix folded from one weight: its transpose, as the MatMul reads it
                 expected = expected.T
             assert values.dtype == np.float32 and values.tobytes() == np.ascontiguousarray(expected).tobytes(), (file, tensor.name)
@@ -207,13 +209,13 @@ def test_the_check_fails_a_graph_with_one_wrong_weight(engine: Path, reference: 
 class _Weights:
     """A hand-made weight source."""
 
-    def __init__(self, **tensors: np.ndarray):
-        self.tensors = tensors
+    def __init__(self, **tensors: np.ndarray | torch.Tensor):
+        self.tensors = {name: torch.as_tensor(value) for name, value in tensors.items()}
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: value.shape for name, value in self.tensors.items()}
+        return {name: tuple(value.shape) for name, value in self.tensors.items()}
 
-    def read(self, name: str) -> np.ndarray:
+    def tensor(self, name: str) -> torch.Tensor:
         return self.tensors[name]
 
 
@@ -242,9 +244,9 @@ def test_a_weight_written_for_one_graph_is_not_read_again_for_the_next(tmp_path:
     reads: list[str] = []
 
     class Counted(_Weights):
-        def read(self, name: str) -> np.ndarray:
+        def tensor(self, name: str) -> torch.Tensor:
             reads.append(name)
-            return super().read(name)
+            return super().tensor(name)
 
     shared, source = SharedWeights(tmp_path), Counted(proj=matrix)
     first, second = _placeholder_graph(3, 2), _placeholder_graph(3, 2)
@@ -252,6 +254,19 @@ def test_a_weight_written_for_one_graph_is_not_read_again_for_the_next(tmp_path:
         bind_weights(graph, {"w": Binding("proj", (1, 0))}, source, shared)
     assert reads == ["proj"] and (tmp_path / WEIGHTS_FILE).stat().st_size == matrix.nbytes
     assert numpy_helper.to_array(second.graph.initializer[0], str(tmp_path)).tobytes() == matrix.T.tobytes()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(300, 7), (128, 1), (1, 5), (0, 3)])
+def test_weights_are_bound_in_float32_as_torch_converts_and_transposes_them(shape: tuple[int, ...], dtype: torch.dtype, tmp_path: Path) -> None:
+    """The blocked copy (row blocks on a thread pool) gives what torch's own copy gives, bit for bit,
+    for shapes that leave a partial block, a single row or column, and nothing at all."""
+    matrix = torch.randn(shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    for perm in [None, (1, 0)]:
+        graph = _placeholder_graph(*(reversed(shape) if perm else shape))
+        bind_weights(graph, {"w": Binding("proj", perm)}, _Weights(proj=matrix), None)
+        expected = matrix.float().permute(perm).contiguous() if perm else matrix.float()
+        assert numpy_helper.to_array(graph.graph.initializer[0]).tobytes() == expected.numpy().tobytes()
 
 
 @pytest.mark.parametrize(
@@ -280,13 +295,17 @@ def test_export_prints_its_progress_and_no_third_party_warnings(exported: Path) 
 
 
 @pytest.mark.slow
-def test_graphs_do_not_grow_with_the_traced_length(engine: Path, reference: TorchRunner, tmp_path: Path) -> None:
+def test_graphs_do_not_grow_with_the_traced_length(engine: Path, reference: TorchRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing is repeated per chunk: tracing at another length gives the same graphs, node for node.
 
-    The second export keeps its weights in the shared ``weights.data`` (as members over 1.5 GB do),
-    so that layout is exercised too: written once for both graphs, and run by the runner.
+    The second export keeps its weights in shared external data files (as members over 1.5 GB do, in
+    several files as the largest do), so that layout is exercised too: written once for both graphs,
+    and run by the runner.
     """
+    monkeypatch.setattr(graph_weights, "WEIGHTS_FILE_BYTES", 400_000)
     other = export_model(reference.model, tmp_path / "other", example_length=150, external_data_bytes=0, check=False)
+    files = json.loads((other / "export.json").read_text(encoding="utf-8"))["weights"]
+    assert len(files) > 1 and {p.name for p in other.iterdir() if p.suffix == ".data"} == set(files)
     for name in ("prefill", "continue"):
         first = onnx.load(str(engine / f"{name}.onnx"))
         second = onnx.load(str(other / f"{name}.onnx"), load_external_data=False)
@@ -294,7 +313,7 @@ def test_graphs_do_not_grow_with_the_traced_length(engine: Path, reference: Torc
         scans = [op for op in first.graph.node if op.op_type == "Scan"]
         assert len(scans) == 4, f"{name}.onnx: one Scan per layer (three Gated DeltaNet, one attention)"
     weights = sum(p.numel() * p.element_size() for p in reference.model.parameters())
-    assert (other / "weights.data").stat().st_size < 1.5 * weights
+    assert sum((other / name).stat().st_size for name in files) < 1.5 * weights
     rng = np.random.default_rng(3)
     trees = [_tree(rng, *lengths) for lengths in CASES["lengths 63/64/65/129"]]
     assert _max_abs(OnnxRuntimeRunner(other).run(trees), reference.run(trees)) <= GATE
