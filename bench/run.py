@@ -4,9 +4,10 @@ In process, the reference (loaded from the package: BF16 autocast on CUDA, float
 CUDA the same reference with flash-linear-attention's Gated DeltaNet kernels where FLA imports
 (``references``), and every engine run the same workloads one after another in the same process;
 then, with ``http``, each is served by its own ``s1omni serve`` subprocess in turn and loaded by
-closed-loop clients whose requests ask for ``http_profile`` (the server started with it enabled). Every ratio compares figures of this run only, an engine's against the faster
-reference of the workload. The record (``bench.json``) is written after each step, so a run that
-breaks keeps what it measured; the plot (``bench.png``) is drawn at the end.
+closed-loop clients whose requests ask for ``http_profile`` (the server started with it enabled).
+Every ratio compares figures of this run only, an engine's against the faster reference of the
+workload. The record (``bench.json``) is written after each step, so a run that breaks keeps what
+it measured; the plot (``bench.png``) is drawn at the end.
 """
 
 from __future__ import annotations

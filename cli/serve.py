@@ -50,8 +50,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--profiles",
         type=comma_list,
         metavar="LIST",
-        help=f"profiles requests may choose besides exact, the default ({', '.join(name for name in KNOWN if name != EXACT.name)}): "
-        "batching merges concurrent requests into one forward, within --batch-window-ms",
+        help=f"profiles to enable besides exact (always on, the default), comma-separated: {', '.join(sorted(set(KNOWN) - {EXACT.name}))}; "
+        "batching merges concurrent requests into one forward within --batch-window-ms",
     )
     vela.add_argument("--max-queue", type=int, metavar="N", help=f"admitted jobs not yet answered (default {limits.max_queue})")
     vela.add_argument("--max-queued-tokens", type=int, metavar="N", help=f"their tokens (default {limits.max_queued_tokens})")

@@ -65,9 +65,9 @@ def batching_entry(limits: Limits) -> dict[str, Any]:
         "name": BATCHING.name,
         "numerics": "approximate",
         "description": (
-            f"merged with concurrent batching requests into one forward within a {limits.batch_window_s * 1e3:g} ms "
-            f"window (at most {limits.max_batch_tokens} tokens and {limits.max_batch_plans} plans a forward): a prefix may be left-padded to "
-            "another request's, so answers are within the engine's gate of exact (the same decisions), "
+            f"merged with concurrent batching requests into one forward within a {limits.batch_window_s * 1e3:g} ms window "
+            f"(at most {limits.max_batch_tokens} tokens and {limits.max_batch_plans} plans a forward): a prefix may be "
+            "left-padded to another request's, so answers are within the engine's gate of exact (the same decisions), "
             "not byte for byte"
         ),
     }
