@@ -3,10 +3,12 @@
 Each server is a subprocess on a free port, measured once ``/health`` answers 200 (the server has
 loaded and warmed its model). At each concurrency a fixed set of clients each sends its next
 request as soon as the previous one is answered (no arrival-rate model), on a connection of its
-own. The figures are steady state: each client first sends ``warmup`` requests of its own,
-untimed, and the timed window opens only once every client has, so that no sample is taken while
-some clients are still warming up; it closes once every client has had ``requests`` answers in it,
-the clients done first sending on meanwhile, so that the load stays at its concurrency to the end.
+own, every request asking for the one profile the run times (``options.profile``: exact, or
+batching, which the server merges across clients). The figures are steady state: each client
+first sends ``warmup`` requests of its own, untimed, and the timed window opens only once every
+client has, so that no sample is taken while some clients are still warming up; it closes once
+every client has had ``requests`` answers in it, the clients done first sending on meanwhile, so
+that the load stays at its concurrency to the end.
 A level thus gives at least ``concurrency x requests`` samples; a request sent before the window
 opened or answered after it closed is not one. Requests per second are the samples over the
 window. A sample runs on the client clock from the send to the fully parsed body; the request body
@@ -43,6 +45,7 @@ JSON = {"content-type": "application/json"}
 REQUEST_TIMEOUT_S = 600.0  # a CPU reference of a real-size member takes seconds per request
 STOP_TIMEOUT_S = 60.0
 TIMING_ENTRY = re.compile(r"([A-Za-z_][\w-]*);dur=([0-9.]+)")
+EXACT = "exact"  # the profile every server runs, the default of a request that names none
 
 
 class BenchFailed(RuntimeError):
@@ -52,6 +55,14 @@ class BenchFailed(RuntimeError):
 def server_timing(header: str) -> dict[str, float]:
     """``{stage: ms}`` from a ``Server-Timing`` value (``parse;dur=0.120, ..., total;dur=3.456``)."""
     return {name: float(value) for name, value in TIMING_ENTRY.findall(header)}
+
+
+def request_body(body: dict[str, Any], profile: str, family: str) -> dict[str, Any]:
+    """``body`` as sent: a Vela 2.0 request names ``profile`` in its options; an OmniJev request has no
+    options (its contract refuses the field) and runs exact."""
+    if family != "vela2":
+        return body
+    return {**body, "options": {**(body.get("options") or {}), "profile": profile}}
 
 
 def free_port() -> int:
@@ -199,20 +210,23 @@ async def _level(url: str, body: bytes, concurrency: int, requests: int, warmup:
 def measure(
     server: Server,
     body: Any,
+    profile: str,
     concurrency: Sequence[int],
     requests: int,
     warmup: int,
     progress: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    """One run per concurrency level, each client sending ``requests`` timed requests after its own
-    ``warmup``: client latency summary, requests/s over the timed window, failures, answer errors,
-    and per-stage medians of the server's own timing."""
+    """One run per concurrency level, each client sending ``requests`` timed requests (``body``, which
+    asks for ``profile``) after its own ``warmup``: client latency summary, requests/s over the timed
+    window, failures, answer errors, and per-stage medians of the server's own timing."""
     payload = json.dumps(body).encode("utf-8")
     runs = []
     for level in concurrency:
         started = now()
         load = asyncio.run(_level(server.url, payload, level, requests, warmup))
-        run: dict[str, Any] = {"subject": server.name, "concurrency": level, "started": started, "finished": now()}
+        run: dict[str, Any] = {
+            "subject": server.name, "profile": profile, "concurrency": level, "started": started, "finished": now(),
+        }  # fmt: skip
         run["failures"] = dict(load.failures)
         run["requests_per_client"], run["warmup_per_client"] = requests, warmup
         run["per_client"] = load.per_client  # each client's requests in the window, failed ones included
@@ -227,10 +241,10 @@ def measure(
             ]
             run["client_minus_server_median_ms"] = round(statistics.median(outside), DIGITS) if outside else None
             progress(
-                f"http {server.name} c={level}: p50 {run['p50_ms']:.3f} ms, p95 {run['p95_ms']:.3f} ms, "
+                f"http {server.name} {profile} c={level}: p50 {run['p50_ms']:.3f} ms, p95 {run['p95_ms']:.3f} ms, "
                 f"{run['requests_per_s']:.2f} req/s over {run['count']} samples, {load.failures.total()} failed"
             )
         else:
-            progress(f"http {server.name} c={level}: every request failed {dict(load.failures)}")
+            progress(f"http {server.name} {profile} c={level}: every request failed {dict(load.failures)}")
         runs.append(run)
     return runs

@@ -4,9 +4,10 @@ In process, the reference (loaded from the package: BF16 autocast on CUDA, float
 CUDA the same reference with flash-linear-attention's Gated DeltaNet kernels where FLA imports
 (``references``), and every engine run the same workloads one after another in the same process;
 then, with ``http``, each is served by its own ``s1omni serve`` subprocess in turn and loaded by
-closed-loop clients. Every ratio compares figures of this run only, an engine's against the faster
-reference of the workload. The record (``bench.json``) is written after each step, so a run that
-breaks keeps what it measured; the plot (``bench.png``) is drawn at the end.
+closed-loop clients whose requests ask for ``http_profile`` (the server started with it enabled).
+Every ratio compares figures of this run only, an engine's against the faster reference of the
+workload. The record (``bench.json``) is written after each step, so a run that breaks keeps what
+it measured; the plot (``bench.png``) is drawn at the end.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from s1omni.runtime.registry import Registry
 from s1omni.runtime.runners.torch_runner import release_gpu_memory
 
 from . import http_load, records, references, workloads as catalogue
-from .http_load import BenchFailed
+from .http_load import EXACT, BenchFailed
 from .references import REFERENCE, REFERENCES
 from .stats import DIGITS, now, ratios
 from .workloads import Workload
@@ -52,6 +53,7 @@ class Settings:
     warmup: int = 5
     http: bool = False
     http_workload: str = "router"
+    http_profile: str = "exact"  # options.profile of every HTTP request; each server is started with it enabled
     concurrency: tuple[int, ...] = (1, 8, 16)
     serve_args: tuple[str, ...] = ()
     profile: str | None = None  # a workload name: profiled on the first engine (the reference without one)
@@ -178,19 +180,29 @@ def in_process(
 
 
 def http(
-    settings: Settings, chosen: Workload, names: Sequence[str], manifests: Sequence[dict[str, Any]], record: dict[str, Any]
+    settings: Settings,
+    chosen: Workload,
+    family: str,
+    names: Sequence[str],
+    manifests: Sequence[dict[str, Any]],
+    record: dict[str, Any],
 ) -> None:
-    """Each subject's server in turn (never two at once: they would share the device and the CPUs); an
-    engine that missed its gate is not served (``s1omni serve`` refuses it) and is listed as skipped."""
+    """Each subject's server in turn (never two at once: they would share the device and the CPUs), with
+    ``settings.http_profile`` enabled and asked for; an engine that missed its gate is not served
+    (``s1omni serve`` refuses it) and is listed as skipped."""
+    profile = settings.http_profile
     common = [
         "--device",
         settings.device,
         *(["--registry", settings.registry] if settings.registry else []),
+        *(["--profiles", profile] if profile != EXACT else []),
         *settings.serve_args,
     ]
+    body = http_load.request_body(chosen.body, profile, family)
     section: dict[str, Any] = {
         "workload": chosen.name,
         **chosen.facts,
+        "profile": profile,
         "requests": settings.requests,
         "warmup": settings.warmup,
         "concurrency": list(settings.concurrency),
@@ -212,14 +224,18 @@ def http(
         note(f"starting s1omni serve for {name} (log {log})")
         with http_load.serving(name, [*source, *common], log, settings.start_timeout_s) as server:
             card = http_load.card(server)
+            offered = [entry.get("name") for entry in card.get("profiles", [])]
             section["servers"][name] = {
                 "command": server.command,
                 "log": log.name,
                 **{key: card.get(key) for key in ("engine", "device", "dtype")},
+                "profiles": offered,
             }
+            if profile not in offered:
+                raise BenchFailed(f"the server of {name} does not run the profile {profile!r} (its card lists {offered})")
             record["member"] = record["member"] or member_facts(card)
             section["runs"] += http_load.measure(
-                server, chosen.body, settings.concurrency, settings.requests, settings.warmup, note
+                server, body, profile, settings.concurrency, settings.requests, settings.warmup, note
             )
         records.write(record, settings.out)
     section["ratios"] = http_ratios(section["runs"])
@@ -249,6 +265,8 @@ def bench(settings: Settings) -> dict[str, Any]:
     served = catalogue.named(settings.http_workload, family) if settings.http else None
     if served is not None and (served.body is None or served.copies > 1):
         raise UsageError("--http-workload must be one request (router, long-span or a case name; the clients merge)")
+    if family != "vela2" and settings.http_profile != EXACT:
+        raise UsageError(f"--http-profile {settings.http_profile}: {family} requests run exact only")
     names = subject_names(manifests)
     fla = references.fla_status(settings.device)
     reference_names = references.reference_names(fla) if workloads or profiled else [REFERENCE]  # only in process
@@ -280,7 +298,7 @@ def bench(settings: Settings) -> dict[str, Any]:
         in_process(settings, names, manifests, workloads, profiled, record)
         release_gpu_memory()  # the models died with in_process's frame; the servers load their own
     if served is not None:
-        http(settings, served, names, manifests, record)
+        http(settings, served, family, names, manifests, record)
     record["finished"] = now()
     record["plot"] = "bench.png"
     records.plot(record, settings.out / record["plot"])

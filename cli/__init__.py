@@ -33,6 +33,11 @@ def check_registry(args: argparse.Namespace) -> None:
         raise InputError(f"the registry file {named} ({source}) does not exist")
 
 
+def comma_list(text: str) -> tuple[str, ...]:
+    """The names of a comma-separated option value, blanks dropped."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout (logs stay on stderr)")
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_quiet, add_registry
+from . import add_quiet, add_registry, comma_list
 
 HELP = "time the torch reference and engines in one run (in process, and over HTTP with --http); a JSON record and a plot"
 
@@ -17,10 +17,6 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--package", required=True, metavar="PKG", help="member package: the torch reference")
     parser.add_argument("--engine", action="append", default=[], metavar="ENG", help="engine directory to compare (repeatable)")
@@ -32,7 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workloads",
-        type=_names,
+        type=comma_list,
         default=("backbone", "router", "long-span"),
         metavar="LIST",
         help="in-process workloads: backbone, router, long-span, calibration case names, or NAME@N "
@@ -52,6 +48,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--http", action="store_true", help="also serve each subject with `s1omni serve` and load it over HTTP")
     parser.add_argument("--http-workload", default="router", metavar="NAME", help="the request sent over HTTP")
+    parser.add_argument(
+        "--http-profile",
+        default="exact",
+        metavar="NAME",
+        help="options.profile of every HTTP request (Vela 2.0; default exact); each server is started with it enabled",
+    )
     parser.add_argument(
         "--concurrency", type=_ints, default=(1, 8, 16), metavar="LIST", help="closed-loop clients per HTTP level"
     )
@@ -97,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         http=args.http,
         http_workload=args.http_workload,
+        http_profile=args.http_profile,
         concurrency=args.concurrency,
         serve_args=tuple(args.serve_arg),
         profile=args.profile,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from s1omni.runtime.errors import EnvironmentMissing, GateMissed, InputError, UsageError
 
-from . import add_registry
+from . import add_registry, comma_list
 
 if TYPE_CHECKING:
     from s1omni.server.config import ServeConfig
@@ -20,11 +20,12 @@ HELP = "serve /v1/systemone over HTTP from a member package, an engine, or the e
 ENV_PREFIX = "S1OMNI_"
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 RAY_ONLY = ("replicas", "ray_address", "gpus_per_replica", "min_replicas", "max_replicas")
-VELA_ONLY = ("max_queue", "max_queued_tokens", "max_request_bytes", "batch_window_ms", "max_batch_tokens", "max_batch_plans")
+VELA_ONLY = ("profiles", "max_queue", "max_queued_tokens", "max_request_bytes", "batch_window_ms", "max_batch_tokens", "max_batch_plans")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from s1omni.server.config import DEFAULT_PORT, ServeConfig
+    from s1omni.server.profiles import EXACT, KNOWN
     from s1omni.server.scheduler import Limits
 
     defaults, limits = ServeConfig(), Limits()
@@ -42,7 +43,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--log-format", choices=("text", "json"), default="text", help="text (default) or json: one JSON object per line, uvicorn's too"
     )
     # No argparse defaults here: an option given for an OmniJev package is refused, not ignored.
-    vela = parser.add_argument_group("Vela 2.0 only", "OmniJev keeps its contract's: 12 MiB bodies, 16 admitted, 2 preparing")
+    vela = parser.add_argument_group(
+        "Vela 2.0 only", "OmniJev keeps its contract's: 12 MiB bodies, 16 admitted, 2 preparing, one request a forward (exact)"
+    )
+    vela.add_argument(
+        "--profiles",
+        type=comma_list,
+        metavar="LIST",
+        help=f"profiles to enable besides exact (always on, the default), comma-separated: {', '.join(sorted(set(KNOWN) - {EXACT.name}))}; "
+        "batching merges concurrent requests into one forward within --batch-window-ms",
+    )
     vela.add_argument("--max-queue", type=int, metavar="N", help=f"admitted jobs not yet answered (default {limits.max_queue})")
     vela.add_argument("--max-queued-tokens", type=int, metavar="N", help=f"their tokens (default {limits.max_queued_tokens})")
     vela.add_argument("--max-request-bytes", type=int, metavar="N", help=f"body limit (default {defaults.max_request_bytes})")
@@ -96,6 +106,7 @@ def _given_vela_only(args: argparse.Namespace) -> list[str]:
 
 def _config(args: argparse.Namespace) -> ServeConfig:
     from s1omni.server.config import ServeConfig
+    from s1omni.server.profiles import enabled
     from s1omni.server.scheduler import Limits
 
     window = None if args.batch_window_ms is None else args.batch_window_ms / 1e3
@@ -108,7 +119,15 @@ def _config(args: argparse.Namespace) -> ServeConfig:
     }
     body = {} if args.max_request_bytes is None else {"max_request_bytes": args.max_request_bytes}
     given = Limits(**{name: value for name, value in limits.items() if value is not None})
-    return ServeConfig(args.host, args.port, limits=given, body_timeout_s=args.body_timeout, drain_timeout_s=args.drain_timeout, **body)
+    return ServeConfig(
+        args.host,
+        args.port,
+        limits=given,
+        body_timeout_s=args.body_timeout,
+        drain_timeout_s=args.drain_timeout,
+        profiles=enabled(args.profiles or ()),
+        **body,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -130,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("serve a package or an --engine, not both ($S1OMNI_PACKAGE and $S1OMNI_ENGINE count too)")
     if not args.body_timeout > 0:
         raise UsageError(f"--body-timeout must be > 0 seconds, not {args.body_timeout:g}")
+    config = _config(args)  # refuses an unknown profile before anything loads
     configure_logging(args.log_level, args.log_format)
     path = args.package or args.engine
     if path is not None and args.ray:
@@ -150,11 +170,11 @@ def run(args: argparse.Namespace) -> int:
     if source.family != "vela2" and given:
         raise UsageError(f"{', '.join(given)} apply to Vela 2.0 members only, not to {source.family}")
     if args.ray:
-        return _deploy_on_ray(args, _config(args), source)
+        return _deploy_on_ray(args, config, source)
     given = [f"--{name.replace('_', '-')}" for name in RAY_ONLY if getattr(args, name) is not None]
     if given:
         raise UsageError(f"{', '.join(given)} apply with --ray only")
-    serve(Service(_config(args), source), args.log_level)
+    serve(Service(config, source), args.log_level)
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .profiles import EXACT
 from .scheduler import Limits
 
 DEFAULT_PORT = 8000
@@ -20,3 +21,5 @@ class ServeConfig:
     body_timeout_s: float = 30.0
     # How long SIGTERM waits for requests in flight before the process stops anyway.
     drain_timeout_s: float = 30.0
+    # The profiles requests may choose: exact, then those ``s1omni serve --profiles`` enabled (``profiles.enabled``).
+    profiles: tuple[str, ...] = (EXACT.name,)

@@ -1,8 +1,9 @@
 """The decisions request envelope (fields, options, images, ``states``) and the response's key order.
 
 The envelope is checked before anything is planned: unknown top-level fields, a ``model`` that is
-not a string (400) or not served (404, ``model_not_found``), malformed ``options``, images sent to
-a model without the image modality and malformed ``states`` all fail the whole request with 400
+not a string (400) or not served (404, ``model_not_found``), malformed ``options`` (a ``profile``
+the server did not enable among them: ``s1omni.server.profiles``), images sent to a model without
+the image modality and malformed ``states`` all fail the whole request with 400
 ``invalid_request`` (vllm-project/semantic-router:src/model-runtime/vllm_srun/runtime.py
 ``prepare`` and ``_options``; api/openapi.yaml ``DecisionRequest``). What the state and the
 questions say is the model's to judge (``model.plan``).
@@ -16,17 +17,16 @@ src/model-runtime/vllm_srun/plugins/decisions.py ``split_states``/``join_states`
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from s1omni.runtime.errors import RequestError
 
+from . import profiles
+
 FIELDS = ("model", "state", "questions", "images", "states", "options")
 STATE_FIELDS = ("state", "questions", "images")
 OPTIONS = ("deadline_ms", "profile", "return_meta", "max_tokens")
-PROFILES = ("exact",)
-_PROFILE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class Served:
     id: str
     names: frozenset[str]  # every name a request's ``model`` may use: the id, the repo
     reads_images: bool
+    profiles: tuple[str, ...]  # those ``options.profile`` may name: exact first, its default
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,17 @@ def _deadline_ms(value: Any) -> float:
     return ms
 
 
-def _options(value: Any) -> tuple[float | None, str, bool, int | None]:
+def _profile(value: Any, enabled: tuple[str, ...]) -> str:
+    """The profile ``options.profile`` names: one the server enabled, else 400 with the enabled ones."""
+    if value in enabled:
+        return value
+    if not profiles.well_formed(value):
+        raise _invalid(f"options.profile must be a profile name ({profiles.NAME_PATTERN}): one of {list(enabled)}")
+    hint = f" (`s1omni serve --profiles {value}` enables it)" if value in profiles.KNOWN else ""
+    raise _invalid(f"options.profile {value!r} is not enabled on this server, which runs {list(enabled)}{hint}")
+
+
+def _options(value: Any, enabled: tuple[str, ...]) -> tuple[float | None, str, bool, int | None]:
     """(deadline_ms, profile, return_meta, max_tokens) of ``options``."""
     if value is None:
         value = {}
@@ -76,9 +87,7 @@ def _options(value: Any) -> tuple[float | None, str, bool, int | None]:
     if unknown:
         raise _invalid(f"options takes only {list(OPTIONS)}, not {unknown}")
     deadline = value.get("deadline_ms")
-    profile = value.get("profile", PROFILES[0])
-    if not isinstance(profile, str) or not _PROFILE_NAME.fullmatch(profile) or profile not in PROFILES:
-        raise _invalid(f"options.profile must be one of {list(PROFILES)}")
+    profile = _profile(value.get("profile", enabled[0]), enabled)
     return_meta = value.get("return_meta", False)
     if not isinstance(return_meta, bool):
         raise _invalid("options.return_meta must be a boolean")
@@ -119,7 +128,7 @@ def read(body: Any, served: Served) -> Envelope:
         raise _invalid("model must be a string")
     if model is not None and model not in served.names:
         raise RequestError("model_not_found", f"this server serves {served.id}, not {model}")
-    deadline_ms, profile, return_meta, max_tokens = _options(body.get("options"))
+    deadline_ms, profile, return_meta, max_tokens = _options(body.get("options"), served.profiles)
     bodies = [_plan_body(body, "", served.reads_images, max_tokens)]
     states = body.get("states")
     if states is not None and not isinstance(states, dict):

@@ -3,7 +3,8 @@
 Each ``Metrics`` has its own registry: the server's series, the process collector (CPU, memory,
 open files), the platform and the garbage collector. ``render`` writes the text format, or
 OpenMetrics when the scraper asks for it. No request content goes into a label: requests are
-counted by route, status and error code, stage latencies by stage name; gauges are read when
+counted by route, status and error code, stage latencies by stage name, forwards' requests by
+profile; gauges are read when
 scraped (vllm-project/semantic-router:src/model-runtime/vllm_srun/supervision/metrics.py).
 """
 
@@ -55,6 +56,10 @@ class Metrics:
         self.batch_tokens = Histogram(
             "s1omni_batch_tokens", "Tokens per model.forward batch.", buckets=TOKEN_BUCKETS, registry=registry
         )
+        self.batch_requests = Histogram(
+            "s1omni_batch_requests", "Requests (each with its states) per model.forward batch, by profile: 1 for exact.",
+            ("profile",), buckets=PLAN_BUCKETS, registry=registry,
+        )  # fmt: skip
         self.expired = Counter(
             "s1omni_deadline_expired_total", "Jobs not run because their deadline passed in the queue.", registry=registry
         )
@@ -63,10 +68,11 @@ class Metrics:
         """A gauge whose value is ``read()`` at each scrape."""
         Gauge(name, help, registry=self.registry).set_function(read)
 
-    def forward(self, seconds: float, plans: int, tokens: int) -> None:
+    def forward(self, seconds: float, plans: int, tokens: int, requests: int, profile: str) -> None:
         self.forward_seconds.observe(seconds)
         self.batch_plans.observe(plans)
         self.batch_tokens.observe(tokens)
+        self.batch_requests.labels(profile).observe(requests)
 
     def render(self, accept: str | None = None) -> tuple[bytes, str]:
         """The exposition and its content type: OpenMetrics when ``accept`` (the scraper's Accept header) asks for it."""

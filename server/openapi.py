@@ -24,7 +24,7 @@ from s1omni import __version__
 from s1omni.runtime import families
 from s1omni.runtime.errors import ITEM_CODES, REQUEST_STATUS
 
-from . import envelope, wire
+from . import envelope, profiles, wire
 
 VERSION = "3.1.0"
 REF = "#/components/schemas/"
@@ -58,7 +58,12 @@ def _vela_options() -> dict[str, Any]:
         "deadline_ms": nullable(
             {"type": "number", "exclusiveMinimum": 0, "description": "Work not started by then answers deadline_exceeded."}
         ),
-        "profile": {"enum": list(envelope.PROFILES), "description": "The numerics profile (the card's `profiles`)."},
+        "profile": {
+            "type": "string",
+            "pattern": f"^{profiles.NAME_PATTERN}$",
+            "default": profiles.EXACT.name,
+            "description": "exact, or a profile the server enabled (its card's `profiles`); any other is invalid_request.",
+        },
         "return_meta": {"type": "boolean", "default": False, "description": "Add `meta` to the response."},
         "max_tokens": nullable(
             {
@@ -190,7 +195,11 @@ def _vela_responses() -> dict[str, Any]:
             "limits": {"type": "object", "additionalProperties": {"type": ["integer", "null"]}},
             "profiles": {
                 "type": "array",
-                "items": _object(["name", "numerics"], {"name": STRING, "numerics": {"enum": ["exact", "approximate"]}}),
+                "items": _object(
+                    ["name", "numerics", "description"],
+                    {"name": STRING, "numerics": {"enum": ["exact", "approximate"]}, "description": STRING},
+                ),
+                "description": "The profiles requests may choose: exact, then those the server enabled.",
             },
             "ready": BOOLEAN,
             "status": {"enum": list(STATUSES)},

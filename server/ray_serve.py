@@ -1,8 +1,9 @@
 """The same app on Ray Serve: one deployment whose replicas each serve the model as one process does.
 
-Each replica runs the single server's app and service (``create_app``, ``Service``, its scheduler),
-so a request is read, admitted, batched and answered inside the replica Ray Serve's proxy routed it
-to, with the same contract, refusals, ``Server-Timing`` and ``/metrics`` (that replica's own);
+Each replica runs the single server's app and service (``create_app``, ``Service``, its scheduler)
+under the one ``ServeConfig`` the deployment was given (its limits and enabled profiles), so a
+request is read, admitted, batched and answered inside the replica Ray Serve's proxy routed it to,
+with the same contract, refusals, ``Server-Timing`` and ``/metrics`` (that replica's own);
 ``X-Replica`` says which replica answered. ``X-Request-Id`` is the proxy's: it echoes the client's
 value as sent, or makes one, and hands it to the replica, whose access log carries it.
 

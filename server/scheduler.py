@@ -6,15 +6,22 @@ request and its ``states``) or none of it: 429 ``overloaded`` once the jobs woul
 ``max_queue`` or, with anything pending, their tokens ``max_queued_tokens``
 (vllm-project/semantic-router:src/model-runtime/vllm_srun/scheduler/scheduler.py ``submit_group``).
 
-One worker thread owns the model, which is not re-entrant. It waits for a job, then holds a short
-batching window while other requests are on their way (read, parsed, planned, not yet admitted:
-``Arrival``), so that requests arriving together share a forward while a lone request never waits
-for nobody. Then it takes the oldest job and the queued jobs of its profile that fit one forward's
-token budget and plan count, in arrival order. The worker runs only the forward of a batch
-(``model.forward``): a job's result is its share of it, and the heads, finish and encoding of each
-request run after, off the worker (``s1omni.server.families``), while the worker runs the next
-forward. Nothing per request that grows with the batch is left on the worker but the runner's own
-packing of the batch's inputs.
+One worker thread owns the model, which is not re-entrant. It takes the oldest job and what may
+share its forward, in arrival order, within one forward's token budget and plan count
+(``max_batch_tokens``, ``max_batch_plans``); what may share it is the job's profile's to say
+(``s1omni.server.profiles``):
+
+- ``exact``: the other jobs of its own group only, never another request's, at once: a forward then
+  has the shapes the request has alone, and its answers never depend on the load.
+- ``batching``: the queued jobs of every ``batching`` group. Before it takes them, the worker holds
+  a short window (``batch_window_s``) while other requests are on their way (read, parsed,
+  planned, not yet admitted: ``Arrival``, whatever their profile), so that requests arriving
+  together share a forward while a lone request never waits for nobody.
+
+The worker runs only the forward of a batch (``model.forward``): a job's result is its share of
+it, and the heads, finish and encoding of each request run after, off the worker
+(``s1omni.server.families``), while the worker runs the next forward. Nothing per request that
+grows with the batch is left on the worker but the runner's own packing of the batch's inputs.
 
 A job with a deadline is answered ``EXPIRED`` when its deadline passes while it is queued, however
 long the forward in flight still runs: a second thread (the deadline watcher) sleeps until the
@@ -40,6 +47,7 @@ from s1omni.runtime.api import Plan
 from s1omni.runtime.errors import RequestError
 
 from .metrics import Metrics
+from .profiles import Profile
 
 log = logging.getLogger("s1omni.server")
 
@@ -60,10 +68,11 @@ class Job:
     """One plan on its way through the worker; ``future`` gets its result or ``EXPIRED``."""
 
     plan: Plan
-    profile: str
+    profile: Profile
     deadline: float | None  # time.perf_counter() after which it is not run
     future: Future[Any] = field(default_factory=Future)
     enqueued: float = 0.0
+    group: int = -1  # the admitted group (a request and its states) it came in
     batch: int = -1  # the forward that ran it, and when that forward started and ended
     started: float = 0.0
     ended: float = 0.0
@@ -71,6 +80,11 @@ class Job:
     @property
     def tokens(self) -> int:
         return self.plan.input_tokens
+
+
+def _shares_forward(first: Job, job: Job) -> bool:
+    """Whether ``job`` may run in the forward ``first`` leads: of its profile, and of its group unless that merges requests."""
+    return job.profile == first.profile and (first.profile.merges_requests or job.group == first.group)
 
 
 class Arrival:
@@ -98,6 +112,7 @@ class Scheduler:
         self._arriving = 0
         self._closed = False
         self._batches = itertools.count()
+        self._groups = itertools.count()
         self._thread = threading.Thread(target=self._loop, name="s1omni-worker", daemon=True)
         self._watcher = threading.Thread(target=self._watch_deadlines, name="s1omni-deadlines", daemon=True)
 
@@ -146,15 +161,16 @@ class Scheduler:
                 self._pending_jobs and self._pending_tokens + tokens > self.limits.max_queued_tokens
             ):
                 raise RequestError("overloaded", "the request queue is full; retry later")
+            group = next(self._groups)
             for job in jobs:
-                job.enqueued = now
+                job.enqueued, job.group = now, group
             self._pending_jobs += len(jobs)
             self._pending_tokens += tokens
             self._queue.extend(jobs)
             self._lock.notify_all()
 
     def _take(self) -> list[Job] | None:
-        """The next batch, after its batching window; None once closed and empty."""
+        """The next batch, after its batching window where its profile merges requests; None once closed and empty."""
         limits = self.limits
         with self._lock:
             while True:
@@ -163,8 +179,10 @@ class Scheduler:
                 if not self._queue:
                     self._lock.notify_all()  # the deadline watcher ends too
                     return None
-                end = self._queue[0].enqueued + limits.batch_window_s
-                while not self._closed and self._arriving and len(self._queue) < limits.max_batch_plans:
+                oldest = self._queue[0]
+                end = oldest.enqueued + limits.batch_window_s
+                merges = oldest.profile.merges_requests
+                while merges and not self._closed and self._arriving and len(self._queue) < limits.max_batch_plans:
                     remaining = end - time.perf_counter()
                     if remaining <= 0:
                         break
@@ -176,7 +194,7 @@ class Scheduler:
             while self._queue:
                 job = self._queue.popleft()
                 fits = len(batch) < limits.max_batch_plans and tokens + job.tokens <= limits.max_batch_tokens
-                if fits and job.profile == first.profile:
+                if fits and _shares_forward(first, job):
                     batch.append(job)
                     tokens += job.tokens
                 else:
@@ -245,7 +263,8 @@ class Scheduler:
             return
         ended = time.perf_counter()
         batch = next(self._batches)
-        self._metrics.forward(ended - started, len(jobs), sum(job.tokens for job in jobs))
+        groups = len({job.group for job in jobs})
+        self._metrics.forward(ended - started, len(jobs), sum(job.tokens for job in jobs), groups, jobs[0].profile.name)
         for job, result in zip(jobs, results, strict=True):
             job.batch, job.started, job.ended = batch, started, ended
             self._answer(job, result)

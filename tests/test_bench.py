@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from s1omni.bench.run import http_ratios, subject_names
-from s1omni.bench.http_load import server_timing
+from s1omni.bench.http_load import request_body, server_timing
 from s1omni.bench.stats import nearest_rank, ratios, summarize
 from s1omni.bench.workloads import REFERENCE, backbone, measure, named
 from s1omni.cli.main import main
@@ -40,7 +40,8 @@ def record(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[d
     out = tmp_path_factory.mktemp("bench")
     argv = ["bench", "--package", str(tiny_vela), "--workloads", "backbone,noul-default,noul-default@2", "--tokens", "32",
             "--requests", "3", "--warmup", "1", "--profile", "noul-default",
-            "--http", "--http-workload", "noul-default", "--concurrency", "1,2", "--out", str(out)]  # fmt: skip
+            "--http", "--http-workload", "noul-default", "--http-profile", "batching", "--concurrency", "1,2",
+            "--out", str(out)]  # fmt: skip
     assert main(argv) == 0
     return json.loads((out / "bench.json").read_text(encoding="utf-8")), out
 
@@ -91,7 +92,14 @@ def test_http_runs(record: tuple[dict, Path]) -> None:
     http = data["http"]
     assert http["case"] == "noul-default"
     assert (out / http["servers"][REFERENCE]["log"]).is_file()
-    assert [(run["subject"], run["concurrency"]) for run in http["runs"]] == [(REFERENCE, 1), (REFERENCE, 2)]
+    # Every request asked for batching, which the bench enabled on the server it started.
+    assert http["profile"] == data["settings"]["http_profile"] == "batching"
+    assert http["servers"][REFERENCE]["profiles"] == ["exact", "batching"]
+    assert "--profiles" in http["servers"][REFERENCE]["command"]
+    assert [(run["subject"], run["profile"], run["concurrency"]) for run in http["runs"]] == [
+        (REFERENCE, "batching", 1),
+        (REFERENCE, "batching", 2),
+    ]
     for run in http["runs"]:
         # Steady state: every client warms up, then has at least its 3 requests timed.
         per_client = run["per_client"]
@@ -126,6 +134,13 @@ def test_a_request_runs_in_steps_and_a_backbone_workload_does_not(tiny_model) ->
     assert list(steps) == ["plan", "forward", "readout", "finish"] and all(value > 0 for value in steps.values())
     with pytest.raises(UsageError, match="only requests run in steps"):
         named("backbone-16", "vela2").stages(tiny_model)
+
+
+def test_the_http_profile_is_in_every_vela_request_and_in_no_omnijev_one() -> None:
+    body = {"state": "x", "questions": {}, "options": {"max_tokens": 8}}
+    assert request_body(body, "batching", "vela2") == {**body, "options": {"max_tokens": 8, "profile": "batching"}}
+    assert request_body({"state": "x"}, "exact", "vela2") == {"state": "x", "options": {"profile": "exact"}}
+    assert request_body(body, "exact", "omnijev") is body  # its contract takes no options
 
 
 def test_http_clients_are_not_merged_requests(tiny_vela: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -77,3 +77,12 @@ def test_a_wrong_environment_value_is_a_usage_error() -> None:
     both = run_s1omni("serve", "--engine", "somewhere", env={"S1OMNI_PACKAGE": "elsewhere"})
     assert both.returncode == 2 and "not both" in both.stderr
     assert "[$S1OMNI_MAX_BATCH_TOKENS]" in s1omni("serve", "--help").stdout  # each option names its variable
+
+
+def test_an_unknown_profile_is_a_usage_error_naming_the_known_ones() -> None:
+    known = "the known profiles are exact, batching"
+    given = run_s1omni("serve", "--profiles", "batching,turbo")
+    assert given.returncode == 2 and given.stderr.strip() == f"s1omni serve: unknown profile 'turbo': {known}"
+    from_environment = run_s1omni("serve", env={"S1OMNI_PROFILES": "max_speed"})
+    assert from_environment.returncode == 2 and from_environment.stderr.strip() == f"s1omni serve: unknown profile 'max_speed': {known}"
+    assert "[$S1OMNI_PROFILES]" in s1omni("serve", "--help").stdout

@@ -146,12 +146,14 @@ def test_malformed_envelopes_are_refused() -> None:
     request = component(document("vela2"), "DecisionRequest")
     good = {"state": STATE, "questions": {"q": vela_schema.EXAMPLES["noul"]}}
     request.validate(good)
+    request.validate({**good, "options": {"profile": "batching"}})  # well formed: whether it is enabled is the server's to say
     for bad in (
         {"questions": good["questions"]},
         {**good, "colour": "red"},
         {**good, "model": 3},
         {**good, "options": {"deadline_ms": 0}},
-        {**good, "options": {"profile": "fast"}},
+        {**good, "options": {"profile": "Fast"}},
+        {**good, "options": {"profile": 7}},
         {**good, "options": {"max_tokens": 0}},
         {**good, "options": {"return_meta": None}},
         {**good, "states": {"other": {"state": "x"}}},

@@ -207,6 +207,9 @@ class OmniJevModel:
             "engine": self.engine,
             "device": self.device,
             "precision": self.runner.precision,
+            # One request per forward, as the reference worker runs it: exact is the one profile.
+            "profile": "exact",
+            "profiles": [{"name": "exact", "numerics": self.numerics(), "description": self.backbone_description()}],
             "modalities": ["image", "text"],
             "question_types": [kind.label for kind in Kind],
             "limits": {
@@ -220,6 +223,13 @@ class OmniJevModel:
                 "max_pixels": self.processor.max_pixels,
             },
         }
+
+    def numerics(self) -> str:
+        """``exact`` for a float32 backbone (the reference's numerics); ``approximate`` for reduced precision."""
+        return "exact" if self.runner.precision == "fp32" else "approximate"
+
+    def backbone_description(self) -> str:
+        return f"the reference layout and head math, one request a forward; {self.runner.name}/{self.runner.precision} backbone"
 
     def golden_request(self) -> dict[str, Any]:
         """The worker's warm-up: every kind, a region, an option text and a rubric (wire-contract.md §11.7)."""

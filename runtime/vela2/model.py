@@ -201,7 +201,8 @@ class Vela2Model:
         return "exact" if self.runner.precision == "fp32" else "approximate"
 
     def backbone_description(self) -> str:
-        return f"the reference layout and head math; {self.runner.name}/{self.runner.precision} backbone, float32 heads"
+        runner = self.runner
+        return f"the reference layout, shapes and batching, each request alone; {runner.name}/{runner.precision} backbone, float32 heads"
 
     def golden_request(self) -> dict[str, Any]:
         return json.loads(json.dumps(GOLDEN_REQUEST))

@@ -29,6 +29,7 @@ from s1omni.runtime.errors import RequestError
 from s1omni.runtime.omnijev import contract, layout
 
 from ..metrics import Metrics
+from ..profiles import EXACT
 from ..scheduler import Arrival, Job, Limits, Scheduler
 from ..timing import Timing
 from .readout import read_and_finish
@@ -49,7 +50,6 @@ LIMITS = Limits(
     batch_window_s=0.0,
     max_batch_plans=1,
 )
-PROFILE = "exact"  # the scheduler batches by profile; OmniJev has the one
 
 
 class Admission:
@@ -107,7 +107,7 @@ class OmniJev:
             admitted = time.perf_counter()
             plan = await anyio.to_thread.run_sync(model.plan, body, limiter=self.preparing)
             timing.tokenize = plan.preparation_seconds
-            job = Job(plan, PROFILE, None)
+            job = Job(plan, EXACT, None)
             submitted = time.perf_counter()
             self._scheduler.submit([job], arrival)
             result = await asyncio.wrap_future(job.future)

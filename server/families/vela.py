@@ -1,9 +1,10 @@
-"""The Vela 2.0 family: the envelope with ``states`` and ``options``, per-question errors, batching.
+"""The Vela 2.0 family: the envelope with ``states`` and ``options``, per-question errors, profiles.
 
 A request runs ``model.plan`` (on the event loop for small bodies, else on a thread), is admitted
-to the scheduler as one group with its ``states`` (429 ``overloaded`` past the limits, with
-``Retry-After``), waits for its forwards and then, on a thread of its own, runs its heads
-(``model.readout``) and is finished in request order
+to the scheduler as one group with its ``states`` under the profile it chose (429 ``overloaded``
+past the limits, with ``Retry-After``; ``exact`` runs it in forwards of its own, ``batching`` may
+merge it with concurrent requests: ``s1omni.server.profiles``), waits for its forwards and then,
+on a thread of its own, runs its heads (``model.readout``) and is finished in request order
 (vllm-project/semantic-router:src/model-runtime/vllm_srun/runtime.py ``Runtime._serve_parts``):
 the worker is already on the next forward, and numpy lets go of the GIL in the heads' GEMMs. A
 request whose heads or finish fail is answered 500 ``internal_error`` alone; the others of its
@@ -23,7 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from s1omni.runtime.api import DecisionModel, Plan
 from s1omni.runtime.errors import RequestError
 
-from .. import envelope, wire
+from .. import envelope, profiles, wire
 from ..config import ServeConfig
 from ..scheduler import EXPIRED, Arrival, Job, Scheduler
 from ..timing import Timing
@@ -33,8 +34,6 @@ from .readout import read_and_finish
 API_VERSION = "2.1.0"
 # Bodies up to this size are planned on the event loop: cheaper than a thread hop.
 INLINE_BYTES = 16 << 10
-# What a card without its own profiles says: the one profile this server runs.
-PROFILES = [{"name": "exact", "numerics": "exact", "description": "the reference computation, nothing approximated"}]
 RETRY_AFTER_S = 1
 
 T = TypeVar("T")
@@ -46,15 +45,17 @@ class Vela:
     def __init__(self, config: ServeConfig):
         self.max_body = config.max_request_bytes
         self.limits = config.limits
+        self.profiles = profiles.enabled(config.profiles)
         self._model: DecisionModel | None = None
         self._served: envelope.Served | None = None
         self._scheduler: Scheduler | None = None
         self._card: dict[str, Any] = {}
 
     def card(self, model: DecisionModel) -> dict[str, Any]:
+        """The model's card, its ``profiles`` (the model's own: exact) with those this server enabled."""
         card = model.card()
-        card.setdefault("profile", "exact")
-        card.setdefault("profiles", PROFILES)
+        if profiles.BATCHING.name in self.profiles:
+            card["profiles"] = [*card["profiles"], profiles.batching_entry(self.limits)]
         return card
 
     def bind(self, model: DecisionModel, card: dict[str, Any], scheduler: Scheduler) -> None:
@@ -63,6 +64,7 @@ class Vela:
             id=model.id,
             names=frozenset(name for name in names if isinstance(name, str) and name),
             reads_images="image" in card.get("modalities", ("text",)),
+            profiles=self.profiles,
         )
         self._model, self._card, self._scheduler = model, card, scheduler
 
@@ -107,7 +109,7 @@ class Vela:
         plans = await self._maybe_offload(size, lambda: self._plan(request.bodies, request.state_names))
         timing.tokenize = time.perf_counter() - mark
 
-        jobs = [Job(plan, request.profile, deadline) for plan in plans]
+        jobs = [Job(plan, profiles.KNOWN[request.profile], deadline) for plan in plans]
         submitted = time.perf_counter()
         self._scheduler.submit(jobs, arrival)
         results = await asyncio.gather(*(asyncio.wrap_future(job.future) for job in jobs))

@@ -13,11 +13,13 @@ import json
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from serving import Server
 
 from s1omni.runtime.registry import user_registry
+from tests.cli import s1omni
 
 
 def _changed_member(home: Path, seed: int, change: Callable[[dict], None]) -> Path:
@@ -59,6 +61,17 @@ def omnijev_package(s1omni_home: Path) -> Path:
     root = s1omni_home / "omnijev-tiny-served"
     write_entry(user_registry(), omnijev.write(root, "tiny", 0))
     return root
+
+
+@pytest.fixture(scope="session")
+def engine_model(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny member's ONNX Runtime CPU engine, loaded as ``s1omni serve --engine`` loads it (not
+    validated here: what is tested is the server around it); served in process (``inprocess``)."""
+    from s1omni.runtime.engine import load_engine_model
+
+    out = tmp_path_factory.mktemp("served-engine") / "ort-cpu"
+    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--out", str(out))
+    return load_engine_model(out, allow_unvalidated=True)
 
 
 @pytest.fixture(scope="session")

@@ -196,6 +196,7 @@ BAD_REQUESTS = {
     "deadline bool": {**SMALL, "options": {"deadline_ms": True}},
     "deadline overflow": {**SMALL, "options": {"deadline_ms": 10**400}},
     "profile unknown": {**SMALL, "options": {"profile": "max_speed"}},
+    "profile not enabled": {**SMALL, "options": {"profile": "batching"}},
     "profile malformed": {**SMALL, "options": {"profile": "Exact"}},
     "return_meta text": {**SMALL, "options": {"return_meta": "yes"}},
     "max_tokens zero": {**SMALL, "options": {"max_tokens": 0}},
@@ -214,6 +215,14 @@ BAD_REQUESTS = {
 @pytest.mark.parametrize("body", BAD_REQUESTS.values(), ids=BAD_REQUESTS.keys())
 def test_malformed_requests_are_400(server: Server, body: dict) -> None:
     error(server.post(body), 400, "invalid_request")
+
+
+def test_a_profile_not_enabled_is_400_saying_how_to_enable_it(server: Server) -> None:
+    message = error(server.post(BAD_REQUESTS["profile not enabled"]), 400, "invalid_request")
+    assert message == (
+        "options.profile 'batching' is not enabled on this server, which runs ['exact'] "
+        "(`s1omni serve --profiles batching` enables it)"
+    )
 
 
 def test_every_reason_is_in_the_message_when_no_question_is_valid(server: Server) -> None:
@@ -324,7 +333,7 @@ def test_models_health_and_liveness(server: Server) -> None:
     card = models["data"][0]
     assert card["ready"] is True and card["status"] == "ready" and card["family"] == "vela2"
     assert card["question_types"] == ["choice", "noul", "score", "set", "span"]
-    assert [profile["name"] for profile in card["profiles"]] == ["exact"]
+    assert [profile["name"] for profile in card["profiles"]] == ["exact"]  # batching only where enabled
     assert "random" in card["weights"]
     health = server.client.get("/health")
     assert health.status_code == 200

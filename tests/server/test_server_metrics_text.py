@@ -14,6 +14,7 @@ SERIES = {
     "s1omni_forward_seconds": "histogram",
     "s1omni_batch_plans": "histogram",
     "s1omni_batch_tokens": "histogram",
+    "s1omni_batch_requests": "histogram",
     "s1omni_deadline_expired_total": "counter",
     "s1omni_test_depth": "gauge",
 }
@@ -24,7 +25,7 @@ def _filled() -> Metrics:
     metrics.requests.labels("/v1/systemone", "400", 'say "no"\\\n').inc()
     for seconds in (0.001, 0.003, 100.0):
         metrics.stage_seconds.labels("parse").observe(seconds)
-    metrics.forward(0.002, 3, 100)
+    metrics.forward(0.002, 3, 100, 2, "batching")
     metrics.gauge("s1omni_test_depth", "A gauge.", lambda: 3)
     return metrics
 
@@ -44,6 +45,7 @@ def test_the_text_exposition_keeps_the_names_and_is_well_formed() -> None:
     assert metric(text, "s1omni_request_stage_seconds_bucket", stage="parse", le="+Inf") == 3
     assert metric(text, "s1omni_request_stage_seconds_count", stage="parse") == 3
     assert metric(text, "s1omni_batch_plans_bucket", le="4.0") == 1 and metric(text, "s1omni_batch_tokens_sum") == 100
+    assert metric(text, "s1omni_batch_requests_bucket", profile="batching", le="2.0") == 1
     assert "s1omni_input_tokens_total 0.0" in lines and metric(text, "s1omni_test_depth") == 3
     assert metric(text, "process_resident_memory_bytes") > 0 and "# TYPE python_gc_objects_collected_total counter" in lines
     assert not any("_created" in line for line in lines)

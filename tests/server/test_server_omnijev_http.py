@@ -115,6 +115,8 @@ def test_models_describes_the_family_and_its_limits(server: Server, model: Any) 
     card = models["data"][0]
     assert card["id"] == model.id and card["family"] == "omnijev" and card["ready"] is True
     assert sorted(card["modalities"]) == ["image", "text"] and card["question_types"] == ["noul", "choice", "score"]
+    # One request a forward, as the reference worker runs it: exact is the one profile (its requests take no options).
+    assert card["profile"] == "exact" and [(entry["name"], entry["numerics"]) for entry in card["profiles"]] == [("exact", "exact")]
     assert server.client.get("/health/live").json() == {"status": "alive"}
 
 
@@ -294,7 +296,8 @@ def test_a_model_that_never_loads_stops_the_server(s1omni_home: Path, omnijev_pa
     assert done.stderr.strip().splitlines()[-1].startswith("s1omni serve: ") and "no registry entry" in done.stderr
 
 
-def test_vela_only_options_are_refused(omnijev_package: Path) -> None:
-    command = [str(S1OMNI), "serve", str(omnijev_package), "--max-queue", "4"]
+@pytest.mark.parametrize("option", [["--max-queue", "4"], ["--profiles", "batching"]])
+def test_vela_only_options_are_refused(omnijev_package: Path, option: list[str]) -> None:
+    command = [str(S1OMNI), "serve", str(omnijev_package), *option]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert done.returncode != 0 and "--max-queue apply to Vela 2.0 members only" in done.stderr
+    assert done.returncode == 2 and f"{option[0]} apply to Vela 2.0 members only" in done.stderr

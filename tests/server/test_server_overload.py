@@ -15,7 +15,7 @@ SMALL = {"state": "Please refund the duplicate charge.", "questions": {"refund":
 
 @pytest.fixture(scope="module")
 def server(start, tiny_vela) -> Iterator[Server]:
-    server = start(str(tiny_vela), "--max-queue", "4")
+    server = start(str(tiny_vela), "--max-queue", "4", "--profiles", "batching")
     server.wait_status("ready")
     yield server
     server.stop()
@@ -43,17 +43,24 @@ def check_burst(responses: list[httpx.Response]) -> Counter[int]:
     return statuses
 
 
-def test_96_concurrent_requests_against_a_queue_of_4(server: Server) -> None:
+@pytest.mark.parametrize("profile", ["exact", "batching"])
+def test_96_concurrent_requests_against_a_queue_of_4(server: Server, profile: str) -> None:
     before = server.metrics()
-    statuses = check_burst(burst(server, 96, SMALL))
+    statuses = check_burst(burst(server, 96, {**SMALL, "options": {"profile": profile}}))
     assert server.client.get("/health").status_code == 200
     after = server.metrics()
     refused = {"route": "/v1/systemone", "status": "429", "code": "overloaded"}
     assert metric(after, "s1omni_requests_total", **refused) - metric(before, "s1omni_requests_total", **refused) == statuses[429]
     assert metric(after, "s1omni_pending_jobs") == metric(after, "s1omni_pending_tokens") == 0
     assert metric(after, "s1omni_queue_depth") == 0
-    # Jobs that waited together shared a forward.
-    assert metric(after, "s1omni_batch_plans_sum") > metric(after, "s1omni_batch_plans_count")
+    forwards, requests = (
+        metric(after, f"s1omni_batch_requests_{figure}", profile=profile) - metric(before, f"s1omni_batch_requests_{figure}", profile=profile)
+        for figure in ("count", "sum")
+    )
+    if profile == "batching":  # requests that waited together shared a forward
+        assert requests == statuses[200] and forwards < requests
+    else:  # each in forwards of its own
+        assert forwards == requests == statuses[200]
     assert server.post(SMALL).status_code == 200
 
 

@@ -1,0 +1,73 @@
+"""The speed profiles a Vela 2.0 request chooses with ``options.profile`` (vela2.md §8), and which of
+them a server runs.
+
+``exact`` is always enabled and is the default: the scheduler gives a forward the plans of one
+admitted group only (a request and its ``states``), with the shapes and batching that request has
+alone, so that its answers never depend on what else the server is running. ``batching`` is opt-in
+and approximate: the scheduler merges the plans of concurrent ``batching`` requests into one
+forward within its batching window (``Limits``), so a request's prefix may be left-padded to a
+wider one of another request; its answers stay within the engine's gate of ``exact`` (the same
+decisions; on the CPU float32 engine, probabilities within 1e-5), not byte for byte. A server runs
+``exact`` and the profiles it was started with (``s1omni serve --profiles batching``); the card of
+``GET /v1/models`` lists them, and a request for any other is 400 ``invalid_request``.
+
+The reference's ``shared_context`` (a tree's blocks packed behind one prefix) and ``max_speed``
+(``batching`` on a reduced copy of the linear layers) are not served here yet.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from s1omni.runtime.errors import UsageError
+
+if TYPE_CHECKING:
+    from .scheduler import Limits
+
+# What a profile's name may look like on the wire (wire-contract.md §2).
+NAME_PATTERN = "[a-z][a-z0-9_]*"
+_NAME = re.compile(NAME_PATTERN)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    merges_requests: bool  # whether a forward takes the plans of concurrent requests
+
+
+EXACT = Profile("exact", merges_requests=False)
+BATCHING = Profile("batching", merges_requests=True)
+KNOWN = {profile.name: profile for profile in (EXACT, BATCHING)}
+
+
+def well_formed(name: Any) -> bool:
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
+def enabled(names: Iterable[str]) -> tuple[str, ...]:
+    """``exact``, then each other profile of ``names`` once, in their order; ``UsageError`` naming the
+    known profiles for any other name."""
+    chosen = [EXACT.name]
+    for name in names:
+        if name not in KNOWN:
+            raise UsageError(f"unknown profile {name!r}: the known profiles are {', '.join(KNOWN)}")
+        if name not in chosen:
+            chosen.append(name)
+    return tuple(chosen)
+
+
+def batching_entry(limits: Limits) -> dict[str, Any]:
+    """The card's entry for ``batching`` under the scheduler's ``limits``."""
+    return {
+        "name": BATCHING.name,
+        "numerics": "approximate",
+        "description": (
+            f"merged with concurrent batching requests into one forward within a {limits.batch_window_s * 1e3:g} ms window "
+            f"(at most {limits.max_batch_tokens} tokens and {limits.max_batch_plans} plans a forward): a prefix may be "
+            "left-padded to another request's, so answers are within the engine's gate of exact (the same decisions), "
+            "not byte for byte"
+        ),
+    }
