@@ -21,7 +21,7 @@
 #   bench     the validated engines against the BF16 torch reference in the same run (timed twice
 #             where flash-linear-attention imports: the torch fallback and reference+fla, its Triton
 #             kernels; ratios against the faster); over HTTP too when $HTTP lists concurrency levels
-#             (e.g. HTTP=1,8,16); ALLOW_UNVALIDATED=1 times engines that missed their gate (in
+#             (e.g. HTTP=1,8,16; the requests' profile $HTTP_PROFILE, exact by default); ALLOW_UNVALIDATED=1 times engines that missed their gate (in
 #             process only: the server refuses them)
 #
 # Results land in OUT: validate-SIZE-KERNEL[-PRECISION].txt/.json, bench.json, bench.png and the logs.
@@ -122,7 +122,7 @@ if wants bench; then
   engines=()
   for variant in "${variants[@]}"; do engines+=(--engine "$(engine "$variant")"); done
   extra=()
-  [ -z "${HTTP:-}" ] || extra=(--http --concurrency "$HTTP")
+  [ -z "${HTTP:-}" ] || extra=(--http --concurrency "$HTTP" --http-profile "${HTTP_PROFILE:-exact}")
   [ -z "${ALLOW_UNVALIDATED:-}" ] || extra+=(--allow-unvalidated)
   s1omni bench --package "$pkg" "${engines[@]}" --device cuda --workloads "${WORKLOADS:-backbone,router,long-span}" \
     --tokens 128,600,2048 --requests "${REQUESTS:-12}" --warmup 2 "${extra[@]}" --profile "${PROFILE:-backbone-128}" \
