@@ -26,7 +26,7 @@
 #
 # Results land in OUT: validate-SIZE-KERNEL[-PRECISION].txt/.json, bench.json, bench.png and the logs.
 #
-# Wall time on the lent H200 (16 cores): synth 0.8B 26 s, 9B 106 s; export 0.8B 57 s, 4B 96 s, 9B 131 s
+# Wall time on the lent H200 (16 cores): synth 0.8B 26 s, 9B 106 s; export 0.8B 57 s, 4B 72-77 s, 9B 92 s
 # (benchmarks/README.md, "Export times on the H200"); build 4B 159 s, 9B 310 s; validate 9B 90 s with a
 # saved reference; bench 9B 255 s. Steps that together outlast one 600 s call run detached
 # (setsid nohup scripts/h200.sh 9B OUT synth,export,build > LOG 2>&1 & echo $! > PIDFILE), polled from
