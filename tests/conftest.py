@@ -1,10 +1,14 @@
-"""Shared fixtures: a private s1omni home and registry, and synthetic members (and the tiny one's export) made once per session."""
+"""Shared fixtures: a private s1omni home and registry, and synthetic members (and the tiny one's export and
+its engines) made once per session."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,3 +53,39 @@ def exported(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = s1omni("export", str(tiny_vela), "--out", str(out))
     (out.parent / "export.stderr").write_text(result.stderr, encoding="utf-8")
     return out
+
+
+@pytest.fixture(scope="session")
+def cpu_engine(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``exported``'s ONNX Runtime CPU engine (``s1omni build``), validated by ``cpu_validation``. Shared, so
+    read only: a test that changes it changes a copy."""
+    out = tmp_path_factory.mktemp("engine") / "ort-cpu"
+    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--out", str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def cpu_validation(cpu_engine: Path, tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """``s1omni validate`` of ``cpu_engine`` over every calibration case (exit 0 asserted) and its report;
+    once it has run, the engine is servable."""
+    report = tmp_path_factory.mktemp("validation") / "report.json"
+    result = s1omni("validate", str(cpu_engine), "--package", str(tiny_vela), "--report", str(report))
+    return result, json.loads(report.read_text())
+
+
+@pytest.fixture(scope="session")
+def cuda_engine(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, str]]:
+    """``tests.cuda_builds.build_cuda_engine`` of ``exported``, built once per list of options for the whole
+    session: ``cuda_engine(*options)`` gives (the engine, its build's progress). Shared, so read only: a
+    test that changes an engine (its manifest, a graph) changes a copy."""
+    from tests.cuda_builds import build_cuda_engine
+
+    built: dict[tuple[str, ...], tuple[Path, str]] = {}
+
+    def engine(*options: str) -> tuple[Path, str]:
+        if options not in built:
+            out = tmp_path_factory.mktemp("cuda-engine") / "engine"
+            built[options] = out, build_cuda_engine(exported, out, *options)
+        return built[options]
+
+    return engine

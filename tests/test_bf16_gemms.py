@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -72,9 +73,8 @@ def _rounded_side_by_side(parts: list[onnx.TensorProto], directory: Path) -> np.
 
 
 @pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])
-def test_cuda_build_runs_every_weight_gemm_in_bfloat16(exported: Path, tmp_path: Path, merged: bool) -> None:
-    engine = tmp_path / "bf16"
-    progress = build_cuda_engine(exported, engine, "--precision", "bf16", *(("--merged-projections",) if merged else ()))
+def test_cuda_build_runs_every_weight_gemm_in_bfloat16(exported: Path, cuda_engine: Callable[..., tuple[Path, str]], merged: bool) -> None:
+    engine, progress = cuda_engine("--precision", "bf16", *(("--merged-projections",) if merged else ()))
     done = "8 merged projections, 16 bfloat16 GEMMs" if merged else "31 bfloat16 GEMMs"
     assert f"prefill.onnx: 3 GatedDeltaNet nodes, 20 fused norms, 14 sigmoids, {done}" in progress
     manifest = json.loads((engine / "manifest.json").read_text())

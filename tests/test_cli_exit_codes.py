@@ -96,13 +96,14 @@ def test_4_names_the_extra_a_missing_module_comes_with(
     assert last.startswith("s1omni bench: ") and "httpx" in last and last.endswith("(pip install 's1omni[bench]')")
 
 
-def test_1_when_an_engine_misses_its_gate(exported: Path, tiny_vela: Path, tmp_path: Path) -> None:
+def test_1_when_an_engine_misses_its_gate(cpu_engine: Path, tiny_vela: Path, tmp_path: Path) -> None:
     """One calibration case against a reference record made now, then against the same record with one
-    probability moved: the engine meets the cpu-fp32 gate, then misses it."""
+    probability moved: the engine (a copy of the session's, whose manifest validation changes) meets the
+    cpu-fp32 gate, then misses it."""
     engine, reference, cases = tmp_path / "engine", tmp_path / "reference", tmp_path / "cases.json"
     all_cases = json.loads((Path(__file__).parent.parent / "calib" / "vela2" / "cases.json").read_text(encoding="utf-8"))
     cases.write_text(json.dumps({**all_cases, "cases": [all_cases["cases"][0]]}), encoding="utf-8")
-    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--out", str(engine))
+    shutil.copytree(cpu_engine, engine)
     args = ("validate", str(engine), "--cases", str(cases), "--reference", str(reference), "--json")
     passed = s1omni(*args, "--package", str(tiny_vela))
     report = json.loads(passed.stdout)

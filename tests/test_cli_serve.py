@@ -17,16 +17,9 @@ FAIL_WITHIN_S = 30
 
 
 @pytest.fixture(scope="module")
-def validated_engine(exported: Path, tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A CPU engine validated on one calibration case (a passing report: servable)."""
-    root = tmp_path_factory.mktemp("served")
-    cases = json.loads((Path(__file__).parent.parent / "calib" / "vela2" / "cases.json").read_text(encoding="utf-8"))
-    (root / "cases.json").write_text(json.dumps({**cases, "cases": cases["cases"][:1]}), encoding="utf-8")
-    engine = root / "engine"
-    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--out", str(engine), "--quiet")
-    s1omni("validate", str(engine), "--package", str(tiny_vela), "--cases", str(root / "cases.json"),
-           "--reference", str(root / "reference"), "--quiet")  # fmt: skip
-    return engine
+def validated_engine(cpu_engine: Path, cpu_validation: object) -> Path:
+    """The session's CPU engine, validated (a passing report: servable); shared, so each test breaks a copy."""
+    return cpu_engine
 
 
 def serve_fails(*args: str, env: dict[str, str] | None = None) -> tuple[int, list[str]]:

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.cuda_fusions import fuse_norms, fuse_sigmoids
 from s1omni.runtime.runners.base import text_positions
-from tests.cuda_builds import build_cuda_engine, validate_on_the_cpu
+from tests.cuda_builds import validate_on_the_cpu
 
 SPELLED_OUT = ("Pow", "ReduceMean", "Sqrt", "Reciprocal", "Exp")  # (the rotary keeps its Negs)
 
@@ -104,10 +106,9 @@ def test_an_intermediate_read_elsewhere_is_left_spelled_out() -> None:
 
 
 @pytest.mark.parametrize("fusion", [True, False], ids=["fused", "unfused"])
-def test_cuda_builds_fuse_unless_told_not_to(exported: Path, tmp_path: Path, fusion: bool) -> None:
-    engine = tmp_path / "engine"
+def test_cuda_builds_fuse_unless_told_not_to(exported: Path, cuda_engine: Callable[..., tuple[Path, str]], fusion: bool) -> None:
     options = ["--gated-delta-kernel", "LinearAttention"] + ([] if fusion else ["--no-op-fusion"])
-    progress = build_cuda_engine(exported, engine, *options)
+    engine, progress = cuda_engine(*options)
     assert json.loads((engine / "manifest.json").read_text())["op_fusion"] is fusion
     for graph in ("prefill", "continue"):
         built = (engine / f"{graph}.onnx").read_bytes()
@@ -119,12 +120,12 @@ def test_cuda_builds_fuse_unless_told_not_to(exported: Path, tmp_path: Path, fus
     assert ("prefill.onnx: 20 fused norms, 14 sigmoids" in progress) is fusion
 
 
-def test_fused_cuda_engine_answers_as_the_reference_on_the_cpu(exported: Path, tiny_vela: Path, tmp_path: Path) -> None:
+def test_fused_cuda_engine_answers_as_the_reference_on_the_cpu(cuda_engine: Callable[..., tuple[Path, str]], tiny_vela: Path, tmp_path: Path) -> None:
     """The whole engine with fused ops, answers included, run by the CPU EP: a float32 engine on the CPU,
     so validated at the cpu-fp32 gate, whose every answer-level bound it meets (the GPU gate's are
     looser). Its graphs differ from the export's by float32 rounding alone."""
     engine = tmp_path / "fused"
-    build_cuda_engine(exported, engine, "--gated-delta-kernel", "LinearAttention")
+    shutil.copytree(cuda_engine("--gated-delta-kernel", "LinearAttention")[0], engine)  # the shared build, whose manifest the validation changes
     report = validate_on_the_cpu(engine, tiny_vela, tmp_path / "report.json")
     summary = report["summary"]
     assert report["gate"]["name"] == "cpu-fp32" and summary["layouts_identical"] and summary["usage_identical"]

@@ -5,6 +5,8 @@ run in ``tests/test_engine_pipeline.py``'s GPU test."""
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +21,9 @@ from tests.cuda_builds import build_cuda_engine, needs_cuda, validate_on_the_cpu
 
 
 @pytest.fixture(scope="module")
-def graphed_engine(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def graphed_engine(cuda_engine: Callable[..., tuple[Path, str]]) -> Path:
     """A CUDA build with ``--cuda-graphs`` whose recurrence kernel (``LinearAttention``) also runs on the CPU."""
-    out = tmp_path_factory.mktemp("graphs") / "engine"
-    build_cuda_engine(exported, out, "--gated-delta-kernel", "LinearAttention", "--cuda-graphs")
-    return out
+    return cuda_engine("--gated-delta-kernel", "LinearAttention", "--cuda-graphs")[0]
 
 
 def _trees(seed: int) -> list[Tree]:
@@ -147,11 +147,11 @@ def test_shapes_past_the_graph_limits_run_outside_any_graph(
     assert all(session.buffer_bytes <= cuda_graphs.MAX_SESSION_GRAPH_BYTES for session in graphed._graphs)
 
 
-def test_graphed_engine_answers_as_the_reference_on_the_cpu(exported: Path, tiny_vela: Path, tmp_path: Path) -> None:
+def test_graphed_engine_answers_as_the_reference_on_the_cpu(graphed_engine: Path, tiny_vela: Path, tmp_path: Path) -> None:
     """``s1omni validate`` runs the engine as it is served, buckets and buffers included: every bound of the
     cpu-fp32 gate holds with the padding."""
     engine = tmp_path / "engine"
-    build_cuda_engine(exported, engine, "--gated-delta-kernel", "LinearAttention", "--cuda-graphs")
+    shutil.copytree(graphed_engine, engine)  # the shared build, whose manifest the validation changes
     report = validate_on_the_cpu(engine, tiny_vela, tmp_path / "report.json")
     summary = report["summary"]
     assert report["gate"]["name"] == "cpu-fp32" and summary["layouts_identical"] and summary["usage_identical"]

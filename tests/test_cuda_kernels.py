@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -127,7 +128,7 @@ def test_the_build_says_whether_the_chunked_engine_can_run() -> None:
     assert chunked_prefill(_linear_attention_model(4, 64), "fp16").endswith("head sizes (key, value) 64 and 64, not 128")
 
 
-def test_the_options_are_recorded_and_fp32_builds_keep_their_graph(exported: Path, tmp_path: Path) -> None:
+def test_the_options_are_recorded_and_fp32_builds_keep_their_graph(exported: Path, cuda_engine: Callable[..., tuple[Path, str]]) -> None:
     """bf16 builds feed float16 q/k/v and merge projections when asked to (opt-in until validated on an H200);
     fp32 builds do neither."""
     facts, splits = {}, Counter(node.op_type for node in onnx.load(str(exported / "prefill.fused.onnx")).graph.node)["Split"]
@@ -137,21 +138,22 @@ def test_the_options_are_recorded_and_fp32_builds_keep_their_graph(exported: Pat
         "bf16": ["--precision", "bf16"],
         "fp32": [],
     }
+    engines = {}
     for name, options in variants.items():
-        progress = build_cuda_engine(exported, tmp_path / name, *options)
-        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
-        ops = Counter(node.op_type for node in onnx.load(str(tmp_path / name / "prefill.onnx")).graph.node)
+        engines[name], progress = cuda_engine(*options)
+        manifest = json.loads((engines[name] / "manifest.json").read_text())
+        ops = Counter(node.op_type for node in onnx.load(str(engines[name] / "prefill.onnx")).graph.node)
         facts[name] = (manifest["gated_delta_inputs"], manifest["merged_projections"], ops["Split"] - splits,
-                       _casts(onnx.load(str(tmp_path / name / "prefill.onnx")))[TensorProto.FLOAT16])  # fmt: skip
+                       _casts(onnx.load(str(engines[name] / "prefill.onnx")))[TensorProto.FLOAT16])  # fmt: skip
         # The tiny member's head size is 16: the build says the chunked engine cannot run, whatever the inputs.
         assert "prefill.onnx: GatedDeltaNet runs its sequential engine at every length" in progress
         assert "head sizes (key, value) 16 and 16, not 128" in progress
     assert facts == {"bf16-both": ("fp16", True, 8, 9), "bf16-unfused": ("fp16", True, 8, 9), "bf16": ("fp32", False, 0, 0),
                      "fp32": ("fp32", False, 0, 0)}  # fmt: skip
     for graph in ("prefill", "continue"):  # both rewrites together (the fused norms are ONNX Runtime's, which onnx does not know)
-        onnx.checker.check_model(str(tmp_path / "bf16-unfused" / f"{graph}.onnx"))
+        onnx.checker.check_model(str(engines["bf16-unfused"] / f"{graph}.onnx"))
     matmuls = [Counter(n.op_type for n in onnx.load(str(path)).graph.node)["MatMul"] for path in
-                (tmp_path / "fp32" / "prefill.onnx", tmp_path / "bf16" / "prefill.onnx", exported / "prefill.fused.onnx")]  # fmt: skip
+                (engines["fp32"] / "prefill.onnx", engines["bf16"] / "prefill.onnx", exported / "prefill.fused.onnx")]  # fmt: skip
     assert matmuls == [34, 34, 34]  # every projection its own GEMM, as exported
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,13 +27,6 @@ CASES = json.loads((Path(__file__).parent.parent / "calib" / "vela2" / "cases.js
 SERVED = ("golden", "router-signals-600", "span-windowed-long", "all-kinds-one-row", "mixed-invalid", "cjk")
 
 
-@pytest.fixture(scope="session")
-def engine(exported: Path, tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("engine") / "ort-cpu"
-    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--out", str(out))
-    return out
-
-
 def test_export_manifest_pins_graphs_heads_and_source(exported: Path) -> None:
     manifest = json.loads((exported / "manifest.json").read_text())
     assert manifest["stage"] == "export" and manifest["member"]["name"] == "vela2-synth-tiny-s0"
@@ -47,17 +40,19 @@ def _ops(graph: Path) -> list[str]:
     return [node.op_type for node in onnx.load(str(graph), load_external_data=False).graph.node]
 
 
-def test_cpu_engine_runs_the_portable_graphs(engine: Path, exported: Path) -> None:
-    manifest = json.loads((engine / "manifest.json").read_text())
+def test_cpu_engine_runs_the_portable_graphs(cpu_engine: Path, exported: Path) -> None:
+    manifest = json.loads((cpu_engine / "manifest.json").read_text())
     assert manifest["recurrence"] == "scan" and manifest["gated_delta_kernel"] == "Scan"
     assert manifest["precision"] == "fp32" and manifest["provider_options"] == {}
     for graph in ("prefill", "continue"):
-        assert _ops(engine / f"{graph}.onnx").count("Scan") == 4  # the tiny member's 3 Gated DeltaNet layers, 1 attention
-        assert (engine / f"{graph}.onnx").stat().st_ino == (exported / f"{graph}.onnx").stat().st_ino
-    assert not (engine / "prefill.fused.onnx").exists()
+        assert _ops(cpu_engine / f"{graph}.onnx").count("Scan") == 4  # the tiny member's 3 Gated DeltaNet layers, 1 attention
+        assert (cpu_engine / f"{graph}.onnx").stat().st_ino == (exported / f"{graph}.onnx").stat().st_ino
+    assert not (cpu_engine / "prefill.fused.onnx").exists()
 
 
-def test_cuda_build_swaps_in_gated_delta_net_and_leaves_the_export_alone(exported: Path, tmp_path: Path) -> None:
+def test_cuda_build_swaps_in_gated_delta_net_and_leaves_the_export_alone(
+    exported: Path, cuda_engine: Callable[..., tuple[Path, str]], tmp_path: Path
+) -> None:
     """Built here (no GPU needed to build): bfloat16 GEMMs with CUDA graphs by default (the fastest
     precision, held to gpu-reduced), GatedDeltaNet nodes in the engine's graphs, the export's own fused
     graphs untouched (the engine's files are links where they are unchanged); --precision fp32 for parity."""
@@ -71,8 +66,7 @@ def test_cuda_build_swaps_in_gated_delta_net_and_leaves_the_export_alone(exporte
         assert engine_ops.count("GatedDeltaNet") == 3 and "LinearAttention" not in engine_ops
         assert export_ops.count("LinearAttention") == 3 and "GatedDeltaNet" not in export_ops
     assert (out / "heads.safetensors").stat().st_ino == (exported / "heads.safetensors").stat().st_ino
-    fp32 = tmp_path / "cuda-fp32"
-    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", "--precision", "fp32", "--no-cuda-graphs", "--out", str(fp32))
+    fp32, _ = cuda_engine()  # --precision fp32 --no-cuda-graphs, shared with the other CUDA builds' tests
     manifest = json.loads((fp32 / "manifest.json").read_text())
     assert manifest["precision"] == "fp32" and not manifest["cuda_graphs"]
     tf32 = tmp_path / "cuda-tf32"
@@ -96,26 +90,18 @@ def test_build_refuses_options_its_target_cannot_honour(exported: Path, tmp_path
     assert result.returncode != 0 and message in result.stderr and not (tmp_path / "e").exists()
 
 
-@pytest.fixture(scope="module")
-def validation(engine: Path, tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
-    """``s1omni validate`` of the CPU engine (exit 0 asserted) and its report."""
-    report = tmp_path_factory.mktemp("validation") / "report.json"
-    result = s1omni("validate", str(engine), "--package", str(tiny_vela), "--report", str(report))
-    return result, json.loads(report.read_text())
-
-
-def test_validate_meets_the_cpu_gate_and_records_it(engine: Path, validation: tuple[subprocess.CompletedProcess[str], dict]) -> None:
+def test_validate_meets_the_cpu_gate_and_records_it(cpu_engine: Path, cpu_validation: tuple[subprocess.CompletedProcess[str], dict]) -> None:
     """Against the reference record shipped in calib/ (not made again: its member, cases, device and
     precision match), the case total in the progress and the table, the gate and the validator's version
     in the manifest."""
-    result, report = validation
+    result, report = cpu_validation
     assert "golden" in result.stdout and "MISS" not in result.stdout and "PASSED gate cpu-fp32" in result.stderr
     assert f"{len(CASES)} cases on torch" not in result.stderr and f"gate cpu-fp32, {len(CASES)} cases" in result.stderr
     assert f"\n{len(CASES)}/{len(CASES)} " in result.stdout  # the table numbers every case against the total
     assert report["passed"] and report["gate"]["name"] == "cpu-fp32" and report["cases"] == len(CASES)
     assert report["summary"]["max_probability"] <= 1e-5 and report["summary"]["layouts_identical"]
     assert report["summary"]["hidden_rel_l2"] <= report["gate"]["tensor"]["rel_l2"] and report["bf16_reference"] is None
-    manifest = json.loads((engine / "manifest.json").read_text())
+    manifest = json.loads((cpu_engine / "manifest.json").read_text())
     assert manifest["validation"]["passed"] and manifest["backend"] == "onnxruntime" and manifest["target"] == "cpu"
     assert manifest["validation"]["validator_version"] == VALIDATOR_VERSION and manifest["validation"]["gate"]["version"] >= 2
 
@@ -129,11 +115,13 @@ def test_validate_meets_the_cpu_gate_and_records_it(engine: Path, validation: tu
         (lambda v: {**v, "validator_version": VALIDATOR_VERSION - 1}, "validator version 1"),
     ],
 )
-def test_a_changed_gate_or_validator_asks_for_validation_again(engine: Path, validation: object, tmp_path: Path, change, message: str) -> None:
+def test_a_changed_gate_or_validator_asks_for_validation_again(
+    cpu_engine: Path, cpu_validation: object, tmp_path: Path, change, message: str
+) -> None:
     from s1omni.runtime.api import load_model
 
     copy = tmp_path / "engine"
-    shutil.copytree(engine, copy)
+    shutil.copytree(cpu_engine, copy)
     assert load_model(copy).card()["validation"]["gate"] == "cpu-fp32"  # the verdict stands until it changes
     record_validation(copy, change(read_manifest(copy)["validation"]))
     with pytest.raises(PackageError, match=f"{message}.*run `s1omni validate"):
@@ -141,8 +129,8 @@ def test_a_changed_gate_or_validator_asks_for_validation_again(engine: Path, val
 
 
 @pytest.fixture(scope="module")
-def servers(engine: Path, tiny_vela: Path, s1omni_home: Path, validation: object) -> Iterator[tuple[Server, Server]]:
-    reference, compiled = Server(s1omni_home, str(tiny_vela)), Server(s1omni_home, "--engine", str(engine))
+def servers(cpu_engine: Path, tiny_vela: Path, s1omni_home: Path, cpu_validation: object) -> Iterator[tuple[Server, Server]]:
+    reference, compiled = Server(s1omni_home, str(tiny_vela)), Server(s1omni_home, "--engine", str(cpu_engine))
     try:
         reference.wait_status("ready")
         compiled.wait_status("ready")

@@ -71,12 +71,38 @@ def _bound(model: torch.nn.Module, job: GraphJob, bindings: dict) -> onnx.ModelP
     return graph
 
 
-@pytest.fixture(scope="module", params=CASES, ids=["-".join(map(str, case)) for case in CASES])
-def built(request: pytest.FixtureRequest, member: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory):
+def _case_id(case: tuple[str, str, bool]) -> str:
+    return "-".join(map(str, case))
+
+
+def _wrong_values(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The foldable values with layer 4 given layer 0's small weights (which the optimiser folds)."""
+    values = foldable(ModuleTensors(model))
+    for name in [name for name in values if name.startswith("layers.4.")]:
+        values[name] = values[name.replace("layers.4.", "layers.0.", 1)]
+    return values
+
+
+WRONG = "wrong"
+
+
+@pytest.fixture(scope="module")
+def graphs(member: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[onnx.ModelProto, dict]]]:
+    """Each case's graph stamped and fully traced, and (under ``WRONG``) the first case's stamped from wrong
+    weights, each with its weights bound and its bindings: all traced in one pool of workers, which then
+    spawns once and keeps both cores busy."""
+    values = foldable(ModuleTensors(member))
+    jobs = {_case_id(case): _jobs(member, case, tmp_path_factory.mktemp("stamp"), values) for case in CASES}
+    jobs[WRONG] = _jobs(member, CASES[0], tmp_path_factory.mktemp("wrong"), _wrong_values(member))[:1]
+    bindings = iter(build_graphs([job for group in jobs.values() for job in group]))
+    return {key: [(_bound(member, job, bound), bound) for job, bound in zip(group, bindings)] for key, group in jobs.items()}
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[_case_id(case) for case in CASES])
+def built(request: pytest.FixtureRequest, graphs: dict[str, list[tuple[onnx.ModelProto, dict]]]):
     """The case's graph stamped and fully traced, weights bound; and the stamped one's bindings."""
-    jobs = _jobs(member, request.param, tmp_path_factory.mktemp("stamp"), foldable(ModuleTensors(member)))
-    bindings = build_graphs(jobs)
-    return request.param, [_bound(member, job, bound) for job, bound in zip(jobs, bindings, strict=True)], bindings
+    (stamped, stamped_bindings), (traced, traced_bindings) = graphs[_case_id(request.param)]
+    return request.param, [stamped, traced], (stamped_bindings, traced_bindings)
 
 
 def _outputs(graph: onnx.ModelProto, model: torch.nn.Module, case: tuple[str, str, bool]) -> list[np.ndarray]:
@@ -102,15 +128,11 @@ def test_a_stamped_graph_is_the_full_trace(built, member: torch.nn.Module) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("built", CASES[:1], ids=["-".join(map(str, CASES[0]))], indirect=True)  # one case shows it
-def test_a_layer_stamped_with_another_layers_weights_is_caught(built, member: torch.nn.Module, tmp_path: Path) -> None:
+@pytest.mark.parametrize("built", CASES[:1], ids=[_case_id(CASES[0])], indirect=True)  # one case shows it
+def test_a_layer_stamped_with_another_layers_weights_is_caught(built, graphs, member: torch.nn.Module) -> None:
     """Layer 4 given layer 0's small weights (which the optimiser folds): the comparison above fails."""
     case, (_, traced), _ = built
-    values = foldable(ModuleTensors(member))
-    for name in [name for name in values if name.startswith("layers.4.")]:
-        values[name] = values[name.replace("layers.4.", "layers.0.", 1)]
-    job = _jobs(member, case, tmp_path, values)[0]
-    wrong = _bound(member, job, build_graphs([job])[0])
+    ((wrong, _),) = graphs[WRONG]
     assert structure(wrong.graph) != structure(traced.graph)
     found, expected = _outputs(wrong, member, case), _outputs(traced, member, case)
     assert not all(a.tobytes() == b.tobytes() for a, b in zip(found, expected, strict=True))

@@ -28,7 +28,6 @@ from s1omni.export.onnx_export import (
     EXAMPLE_LENGTH,
     OPSET,
     PREFILL_INPUTS,
-    export_backbone,
     export_model,
     graph_file,
     load_package_backbone,
@@ -66,17 +65,12 @@ def reference(tiny_vela: Path) -> TorchRunner:
     return TorchRunner(load_package_backbone(tiny_vela))
 
 
-@pytest.fixture(scope="session")
-def engine(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return export_backbone(tiny_vela, tmp_path_factory.mktemp("onnx") / "vela2-tiny")
-
-
 @pytest.fixture(scope="session", params=RECURRENCES)
-def runner(request: pytest.FixtureRequest, engine: Path, tmp_path_factory: pytest.TempPathFactory) -> OnnxRuntimeRunner:
+def runner(request: pytest.FixtureRequest, exported: Path, tmp_path_factory: pytest.TempPathFactory) -> OnnxRuntimeRunner:
     """The runner over one recurrence's graphs, linked under the names an engine gives them."""
     directory = tmp_path_factory.mktemp(request.param)
     for graph in ("prefill", "continue"):
-        (directory / f"{graph}.onnx").hardlink_to(engine / graph_file(graph, request.param))
+        (directory / f"{graph}.onnx").hardlink_to(exported / graph_file(graph, request.param))
     return OnnxRuntimeRunner(directory)
 
 
@@ -132,24 +126,24 @@ def test_fused_rule_is_the_chunked_rule() -> None:
 
 
 @pytest.mark.slow
-def test_export_writes_checked_graphs(engine: Path) -> None:
+def test_export_writes_checked_graphs(exported: Path) -> None:
     layers = 3  # the tiny member's Gated DeltaNet layers
     for name in ("prefill", "continue"):
-        graph = onnx.load(str(engine / f"{name}.onnx"))
+        graph = onnx.load(str(exported / f"{name}.onnx"))
         onnx.checker.check_model(graph)
         assert [op for op in graph.graph.node if op.op_type in ("Scan", "Loop")], f"{name}.onnx has no Scan or Loop"
-        fused = onnx.load(str(engine / graph_file(name, "fused")))
+        fused = onnx.load(str(exported / graph_file(name, "fused")))
         kinds = [(node.domain, node.op_type) for node in fused.graph.node]
         assert kinds.count(("com.microsoft", "LinearAttention")) == layers and ("", "Scan") not in kinds, name
         assert node_count(fused) < node_count(graph), f"{name}: the fused graph is the smaller one"
-    prefill = onnx.load(str(engine / "prefill.onnx"))
+    prefill = onnx.load(str(exported / "prefill.onnx"))
     outputs = [value.name for value in prefill.graph.output]
     assert outputs == ["hidden", "conv.0", "recurrent.0", "conv.1", "recurrent.1", "conv.2", "recurrent.2", "key.3", "value.3"]
-    assert (engine / "export.json").is_file()
+    assert (exported / "export.json").is_file()
 
 
 @pytest.mark.slow
-def test_graphs_are_the_loaded_models_own_trace(engine: Path, reference: TorchRunner) -> None:
+def test_graphs_are_the_loaded_models_own_trace(exported: Path, reference: TorchRunner) -> None:
     """Traced from the config (layers 0 and 1 and an attention layer; layers 2 and 3 stamped from them,
     ``s1omni.export.layer_stamp``) with the weights bound afterwards and optimised without
     ``QUADRATIC_RULES``, a graph is what tracing the loaded model gives with the default optimiser: the
@@ -159,18 +153,18 @@ def test_graphs_are_the_loaded_models_own_trace(engine: Path, reference: TorchRu
     outputs = ["hidden", *state_names(model.config.layer_types)]
     # Optimised with every default rule, those the export leaves out (QUADRATIC_RULES) included.
     own = ir.to_proto(to_onnx(trace(PrefillForward(model), args, shapes, "fused"), shapes, PREFILL_INPUTS, outputs, OPSET, rules_left_out=()))
-    found = onnx.load(str(engine / "prefill.fused.onnx"))
+    found = onnx.load(str(exported / "prefill.fused.onnx"))
     assert [v.name for v in found.graph.input] == PREFILL_INPUTS and [v.name for v in found.graph.output] == outputs
     assert [v.name for v in own.graph.input] == PREFILL_INPUTS and [v.name for v in own.graph.output] == outputs
     assert structure(found.graph) == structure(own.graph)
 
 
 @pytest.mark.slow
-def test_bound_weights_are_the_package_tensors(engine: Path, tiny_vela: Path) -> None:
+def test_bound_weights_are_the_package_tensors(exported: Path, tiny_vela: Path) -> None:
     """Each weight in the graphs, as it is or transposed, is the package's tensor in float32, bit for bit."""
     _, source = package_backbone(tiny_vela)
     for file in ("prefill.onnx", "continue.fused.onnx"):
-        model = onnx.load(str(engine / file))
+        model = onnx.load(str(exported / file))
         # What each folded constant was folded from, as the optimiser records it on the value.
         sources = {v.name: ast.literal_eval(e.value) for v in model.graph.value_info for e in v.metadata_props if e.key == FOLDED_FROM_KEY}
         compared = set()
@@ -190,14 +184,14 @@ def test_bound_weights_are_the_package_tensors(engine: Path, tiny_vela: Path) ->
 
 
 @pytest.mark.slow
-def test_the_check_fails_a_graph_with_one_wrong_weight(engine: Path, reference: TorchRunner, tmp_path: Path) -> None:
+def test_the_check_fails_a_graph_with_one_wrong_weight(exported: Path, reference: TorchRunner, tmp_path: Path) -> None:
     """The post-export check (the reference's outputs against both graphs'): the graphs as exported pass,
     and the same graphs with one matrix's rows in reverse order fail."""
     variants = {"fused": {graph: graph_file(graph, "fused") for graph in ("prefill", "continue")}}
     expected = reference_outputs(reference.model)
-    assert check_graphs(expected, engine, variants)["fused"]["prefill.hidden"] < 1e-4
+    assert check_graphs(expected, exported, variants)["fused"]["prefill.hidden"] < 1e-4
     for graph, file in variants["fused"].items():
-        model = onnx.load(str(engine / file))
+        model = onnx.load(str(exported / file))
         if graph == "prefill":
             tensor = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
             tensor.CopyFrom(numpy_helper.from_array(np.flip(numpy_helper.to_array(tensor), 0).copy(), tensor.name))
@@ -295,19 +289,19 @@ def test_export_prints_its_progress_and_no_third_party_warnings(exported: Path) 
 
 
 @pytest.mark.slow
-def test_graphs_do_not_grow_with_the_traced_length(engine: Path, reference: TorchRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_graphs_do_not_grow_with_the_traced_length(exported: Path, reference: TorchRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing is repeated per chunk: tracing at another length gives the same graphs, node for node.
 
     The second export keeps its weights in shared external data files (as members over 1.5 GB do, in
     several files as the largest do), so that layout is exercised too: written once for both graphs,
-    and run by the runner.
+    and run by the runner. Only the portable graphs are traced: they are the ones compared and run here.
     """
     monkeypatch.setattr(graph_weights, "WEIGHTS_FILE_BYTES", 400_000)
-    other = export_model(reference.model, tmp_path / "other", example_length=150, external_data_bytes=0, check=False)
+    other = export_model(reference.model, tmp_path / "other", example_length=150, external_data_bytes=0, check=False, recurrences=("scan",))
     files = json.loads((other / "export.json").read_text(encoding="utf-8"))["weights"]
     assert len(files) > 1 and {p.name for p in other.iterdir() if p.suffix == ".data"} == set(files)
     for name in ("prefill", "continue"):
-        first = onnx.load(str(engine / f"{name}.onnx"))
+        first = onnx.load(str(exported / f"{name}.onnx"))
         second = onnx.load(str(other / f"{name}.onnx"), load_external_data=False)
         assert node_count(first) == node_count(second), name
         scans = [op for op in first.graph.node if op.op_type == "Scan"]
