@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .graph_weights import ALIGNMENT
+from .naming import ALIGNMENT
 
 BF16_FILE = "weights.bf16.data"
 

@@ -46,8 +46,7 @@ from .bf16_gemms import Bf16Weights, use_bf16_gemms
 from .cuda_fusions import fuse_norms, fuse_sigmoids
 from .cuda_kernels import INPUT_TYPES, KERNELS, chunked_prefill, use_gated_delta_net
 from .merged_projections import merge_projections
-from .onnx_export import graph_file
-from .patches import RECURRENCES
+from .naming import RECURRENCES, graph_file
 
 SHARED_FILES = ("heads.safetensors", "tokenizer.json", "config.json", "calibration.json")
 ORT_TARGETS = ("cpu", "cuda")

@@ -3,7 +3,7 @@ export files and how validation feeds, runs and reads its cases (``s1omni.export
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,19 +12,24 @@ from s1omni.runtime.families import family
 from s1omni.runtime.package import VerifiedPackage
 
 from .case_io import TextCases, VisionCases
-from .omnijev_export import write_omnijev
-from .vela2_export import write_vela2
-
-Writer = Callable[[VerifiedPackage, Path, tuple[str, ...]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class ExportFamily:
-    write: Writer  # the family's files into the export stage; returns the manifest fields they add
+    writer: str  # "module:function" writing the family's files, imported when it writes: the exporters
+    # import torch and transformers, which validation does not need
     cases: TextCases
 
+    def write(self, package: VerifiedPackage, stage: Path, recurrences: tuple[str, ...]) -> dict[str, Any]:
+        """The family's files into the export stage; the manifest fields they add."""
+        module, _, function = self.writer.partition(":")
+        return getattr(importlib.import_module(module), function)(package, stage, recurrences)
 
-EXPORT_FAMILIES = {"vela2": ExportFamily(write_vela2, TextCases()), "omnijev": ExportFamily(write_omnijev, VisionCases())}
+
+EXPORT_FAMILIES = {
+    "vela2": ExportFamily("s1omni.export.vela2_export:write_vela2", TextCases()),
+    "omnijev": ExportFamily("s1omni.export.omnijev_export:write_omnijev", VisionCases()),
+}
 
 
 def export_family(name: str) -> ExportFamily:

@@ -29,6 +29,8 @@ from torch import nn
 
 from s1omni.runtime.digest import StreamDigest, record_written
 
+from .naming import ALIGNMENT
+
 # Weights up to this many elements may be folded by value (the onnxscript optimiser's own input limit);
 # larger ones it only ever transposes, which the trace records as a ``Binding`` instead.
 FOLD_LIMIT = DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT
@@ -39,7 +41,6 @@ WEIGHTS_FILE = "weights.data"
 # so a single 31.7 GB file made hashing the 9B export's slowest step.
 WEIGHTS_FILE_BYTES = 4 << 30
 EXTERNAL_MIN_BYTES = 1024  # smaller constants stay in the graphs
-ALIGNMENT = 65536  # large tensors start at offsets ONNX Runtime can memory-map on any page size
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,8 @@ from s1omni.runtime.vela2.package import shard_names
 from .graph_weights import PLACEHOLDER, Binding, ModuleTensors, PackageTensors, SharedWeights, TensorSource, bind_weights, foldable, read_float32
 from .layer_stamp import stamp_layers, template_types
 from .onnx_check import LENGTHS, Expected, check_graphs, reference_outputs
-from .patches import RECURRENCES, ContinueForward, PrefillForward, explicit_state_forward, state_names
+from .naming import RECURRENCES, graph_file
+from .patches import ContinueForward, PrefillForward, explicit_state_forward, state_names
 from .workers import worker_count, workers
 
 T = TypeVar("T")
@@ -134,11 +135,6 @@ LOWERINGS = {
     torch.ops.aten.silu.default: exact_silu,
     torch.ops.s1omni.gated_delta_rule.default: linear_attention,
 }
-
-
-def graph_file(graph: str, recurrence: str) -> str:
-    """``prefill.onnx`` (portable ``Scan``), ``prefill.fused.onnx`` (ONNX Runtime's fused kernels), ..."""
-    return f"{graph}.onnx" if recurrence == "scan" else f"{graph}.{recurrence}.onnx"
 
 
 def move_into(directory: Path, target: Path) -> None:

@@ -19,7 +19,7 @@ from s1omni.runtime.engine import write_manifest
 from s1omni.runtime.identity import identity_of
 from s1omni.runtime.package import verify
 from s1omni.runtime.registry import Registry
-from s1omni.runtime.staging import staged_directory
+from s1omni.runtime.staging import check_output, staged_directory
 
 from . import workers
 
@@ -32,9 +32,10 @@ def export_package(
 ) -> dict[str, Any]:
     """Verify, write the family's graphs, heads and settings, then the manifest; returns the manifest.
 
-    ``recurrences``: the backbone forms to write (``s1omni.export.patches.RECURRENCES``: the portable ``Scan``
+    ``recurrences``: the backbone forms to write (``s1omni.export.naming.RECURRENCES``: the portable ``Scan``
     graphs TensorRT parses, ONNX Runtime's fused kernels, or both)."""
     started = time.perf_counter()
+    check_output(out, "export")  # an --out it may not replace is refused before any work
     # The tracing workers (a prefill and a continue graph per form) start first, before the package is
     # verified and this process imports torch and the exporter itself: their imports run beside those
     # rather than after them (a package that fails verification stops them at once).

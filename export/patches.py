@@ -54,7 +54,6 @@ from torch._higher_order_ops.scan import scan
 from transformers.activations import ACT2FN
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb, eager_attention_forward, l2norm, repeat_kv
 
-RECURRENCES = ("scan", "fused")  # the portable ONNX Scan, or ONNX Runtime's fused kernel
 CHUNK = 64  # the reference's chunk size (torch_chunk_gated_delta_rule's default, FLA's too)
 # Queries per attention chunk in each recurrence's graphs; the fused (CUDA EP) graphs attend unchunked,
 # as a Scan keeps ONNX Runtime from capturing CUDA graphs.

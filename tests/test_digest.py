@@ -11,7 +11,8 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from s1omni.export import graph_weights
-from s1omni.export.graph_weights import ALIGNMENT, WEIGHTS_FILE, Binding, SharedWeights
+from s1omni.export.graph_weights import WEIGHTS_FILE, Binding, SharedWeights
+from s1omni.export.naming import ALIGNMENT
 from s1omni.runtime.digest import StreamDigest, pinned_sha256, record_written, sha256_file, sha256_files
 from s1omni.runtime.engine import read_manifest, verify_files, write_manifest
 from s1omni.runtime.errors import PackageError

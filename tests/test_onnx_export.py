@@ -37,8 +37,8 @@ from s1omni.export.onnx_export import (
     to_onnx,
     trace,
 )
+from s1omni.export.naming import RECURRENCES
 from s1omni.export.patches import (
-    RECURRENCES,
     PrefillForward,
     explicit_state_forward,
     fused_gated_delta_rule,
