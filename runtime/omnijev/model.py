@@ -31,7 +31,7 @@ from tokenizers import Tokenizer
 
 from ..identity import Identity, identity_of
 from ..package import VerifiedPackage, read_json
-from ..runners.base import BackboneRunner, Block, Prefix, Tree, text_positions
+from ..runners.base import BackboneRunner, Block, Prefix, Tree, numerics, text_positions
 from ..runners.torch_runner import TorchRunner, load_backbone
 from . import contract, finish, layout
 from .contract import ContractError, Kind, Question
@@ -209,7 +209,7 @@ class OmniJevModel:
             "precision": self.runner.precision,
             # One request per forward, as the reference worker runs it: exact is the one profile.
             "profile": "exact",
-            "profiles": [{"name": "exact", "numerics": self.numerics(), "description": self.backbone_description()}],
+            "profiles": [{"name": "exact", "numerics": numerics(self.runner.precision), "description": self.backbone_description()}],
             "modalities": ["image", "text"],
             "question_types": [kind.label for kind in Kind],
             "limits": {
@@ -223,10 +223,6 @@ class OmniJevModel:
                 "max_pixels": self.processor.max_pixels,
             },
         }
-
-    def numerics(self) -> str:
-        """``exact`` for a float32 backbone (the reference's numerics); ``approximate`` for reduced precision."""
-        return "exact" if self.runner.precision == "fp32" else "approximate"
 
     def backbone_description(self) -> str:
         return f"the reference layout and head math, one request a forward; {self.runner.name}/{self.runner.precision} backbone"

@@ -68,6 +68,11 @@ class BackboneRunner(Protocol):
     def run(self, trees: Sequence[Tree]) -> list[list[np.ndarray]]: ...
 
 
+def numerics(precision: str) -> str:
+    """A backbone's numerics on a card: ``exact`` in float32 (the reference's), ``approximate`` in reduced precision."""
+    return "exact" if precision == "fp32" else "approximate"
+
+
 def run_one_by_one(runner: BackboneRunner, trees: Sequence[Tree]) -> list[list[np.ndarray]]:
     """Each tree's prefix once, then its blocks from that state: the reference order of work."""
     out = []

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import DEADLINE_EXCEEDED, MAX_LENGTH_EXCEEDED, SCAN_BUDGET_EXCEEDED, RequestError, item_error
 from ..identity import Identity, identity_of
 from ..package import VerifiedPackage
-from ..runners.base import BackboneRunner, Tree
+from ..runners.base import BackboneRunner, Tree, numerics
 from .answers import Answerer, RawRow, RawSpan
 from .calibration import BROAD, ROUTER, Calibration
 from .dispatch import Dispatcher
@@ -182,7 +182,7 @@ class Vela2Model:
             },
             "licence": identity.licence,
             "profile": "exact",
-            "profiles": [{"name": "exact", "numerics": self.numerics(), "description": self.backbone_description()}],
+            "profiles": [{"name": "exact", "numerics": numerics(self.runner.precision), "description": self.backbone_description()}],
             "engine": self.engine,
             "accelerator": self.device,
             "device": self.device,
@@ -195,10 +195,6 @@ class Vela2Model:
         if self.validation is not None:
             card["validation"] = self.validation
         return card
-
-    def numerics(self) -> str:
-        """``exact`` for float32 backbones (the reference's numerics); ``approximate`` for reduced precision."""
-        return "exact" if self.runner.precision == "fp32" else "approximate"
 
     def backbone_description(self) -> str:
         runner = self.runner
