@@ -171,11 +171,14 @@ def weights_files(total_bytes: int) -> list[str]:
     return [WEIGHTS_FILE] if count <= 1 else [f"weights-{index:05d}-of-{count:05d}.data" for index in range(1, count + 1)]
 
 
-@dataclass
+@dataclass(frozen=True)
 class _DataFile:
     path: Path
-    digest: StreamDigest
-    size: int = 0
+    digest: StreamDigest  # of every byte written to ``path``; its ``size`` is the file's
+
+    @property
+    def size(self) -> int:
+        return self.digest.size
 
 
 class SharedWeights:
@@ -220,7 +223,6 @@ class SharedWeights:
     def _write(file: _DataFile, data: BinaryIO, chunk: bytes | memoryview) -> None:
         data.write(chunk)
         file.digest.update(chunk)  # waits for this file's previous chunk only
-        file.size += memoryview(chunk).nbytes
 
     def finish(self) -> None:
         """Record each file's digest, every tensor written (``s1omni.runtime.digest.record_written``);
