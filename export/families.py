@@ -4,6 +4,7 @@ export files and how validation feeds, runs and reads its cases (``s1omni.export
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,11 @@ class ExportFamily:
     # import torch and transformers, which validation does not need
     cases: TextCases
 
-    def write(self, package: VerifiedPackage, stage: Path, recurrences: tuple[str, ...]) -> dict[str, Any]:
-        """The family's files into the export stage; the manifest fields they add."""
+    def load_writer(self) -> Callable[[VerifiedPackage, Path, tuple[str, ...]], dict[str, Any]]:
+        """The function writing the family's files into an export stage (``package, stage, recurrences``)
+        and returning the manifest fields they add; importing it imports torch and the exporter."""
         module, _, function = self.writer.partition(":")
-        return getattr(importlib.import_module(module), function)(package, stage, recurrences)
+        return getattr(importlib.import_module(module), function)
 
 
 EXPORT_FAMILIES = {

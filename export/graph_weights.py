@@ -41,6 +41,7 @@ WEIGHTS_FILE = "weights.data"
 # so a single 31.7 GB file made hashing the 9B export's slowest step.
 WEIGHTS_FILE_BYTES = 4 << 30
 EXTERNAL_MIN_BYTES = 1024  # smaller constants stay in the graphs
+_FLOAT32_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -199,20 +200,29 @@ class SharedWeights:
     def names(self) -> list[str]:
         return [file.path.name for file in self.files]
 
+    def write(self, key: Binding | tuple[int, tuple[int, ...], bytes], raw: bytes | np.ndarray) -> None:
+        """Write ``raw`` as ``key``'s bytes into the emptiest file, unless a file holds them already."""
+        if key in self.placed:
+            return
+        length = raw.nbytes if isinstance(raw, np.ndarray) else len(raw)
+        file = min(self.files, key=lambda candidate: candidate.size)  # the first of the emptiest
+        with file.path.open("ab") as data:
+            if length >= ALIGNMENT:
+                self._write(file, data, b"\0" * (-file.size % ALIGNMENT))
+            self.placed[key] = file.path.name, file.size, length
+            self._write(file, data, raw.data if isinstance(raw, np.ndarray) else raw)
+
     def place(self, tensor: TensorProto, key: Binding | tuple[int, tuple[int, ...], bytes], raw: bytes | np.ndarray | None = None) -> None:
         """Point ``tensor`` at its bytes in a file, writing ``raw`` first if they are not there yet
         (``raw`` may be left out for a key a file holds)."""
         if key not in self.placed:
             if raw is None:
                 raise ValueError(f"{key}: not written yet, and no bytes given")
-            length = raw.nbytes if isinstance(raw, np.ndarray) else len(raw)
-            file = min(self.files, key=lambda candidate: candidate.size)  # the first of the emptiest
-            with file.path.open("ab") as data:
-                if length >= ALIGNMENT:
-                    self._write(file, data, b"\0" * (-file.size % ALIGNMENT))
-                self.placed[key] = file.path.name, file.size, length
-                self._write(file, data, raw.data if isinstance(raw, np.ndarray) else raw)
+            self.write(key, raw)
         location, offset, length = self.placed[key]
+        expected = _FLOAT32_BYTES * int(np.prod(tensor.dims)) if isinstance(key, Binding) else length
+        if length != expected:  # a weight written ahead of its graph (``write_ahead``) for another shape
+            raise ValueError(f"{key}: {length} bytes written where the graph's {list(tensor.dims)} float32 takes {expected}")
         tensor.ClearField("raw_data")
         del tensor.external_data[:]
         tensor.data_location = TensorProto.EXTERNAL
@@ -237,13 +247,13 @@ def _placeholder(tensor: TensorProto) -> bool:
     return external and any(entry.key == "location" and entry.value == PLACEHOLDER for entry in tensor.external_data)
 
 
-def _read_ahead(source: TensorSource, bindings: Sequence[Binding]) -> Iterator[np.ndarray]:
+def _read_ahead(source: TensorSource, bindings: Sequence[Binding], threads: int) -> Iterator[np.ndarray]:
     """Each binding's array in turn, the next one read and converted (in a thread: safetensors and torch
-    release the GIL) while the caller writes this one. Two arrays at most are held here at a time (and
-    one a file while ``SharedWeights`` hashes the last written to it)."""
+    release the GIL; the conversion on ``threads`` threads) while the caller writes this one. Two arrays at
+    most are held here at a time (and one a file while ``SharedWeights`` hashes the last written to it)."""
     if not bindings:  # every weight of this graph was written for the other one
         return
-    with ThreadPoolExecutor(1) as reader, _Converter(len(os.sched_getaffinity(0))) as converter:
+    with ThreadPoolExecutor(1) as reader, _Converter(threads) as converter:
         ahead = [reader.submit(_array, source, binding, converter) for binding in bindings[:1]]
         for following in [*bindings[1:], None]:
             values = ahead.pop().result()
@@ -251,6 +261,14 @@ def _read_ahead(source: TensorSource, bindings: Sequence[Binding]) -> Iterator[n
                 ahead.append(reader.submit(_array, source, following, converter))
             yield values
             del values
+
+
+def write_ahead(bindings: Sequence[Binding], source: TensorSource, shared: SharedWeights, threads: int) -> None:
+    """Write the weights of ``bindings`` into ``shared`` before any graph references them (the export does
+    so while its graphs are traced); ``bind_weights`` then finds them written. A binding no graph turns
+    out to have is written all the same, and only costs its bytes."""
+    for binding, values in zip(bindings, _read_ahead(source, bindings, threads), strict=True):
+        shared.write(binding, values)
 
 
 def bind_weights(model: onnx.ModelProto, bindings: Mapping[str, Binding], source: TensorSource, shared: SharedWeights | None) -> None:
@@ -267,7 +285,8 @@ def bind_weights(model: onnx.ModelProto, bindings: Mapping[str, Binding], source
             shared.place(tensor, bindings[tensor.name])
         else:
             unread.append(tensor)
-    for tensor, values in zip(unread, _read_ahead(source, [bindings[tensor.name] for tensor in unread]), strict=True):
+    reads = _read_ahead(source, [bindings[tensor.name] for tensor in unread], len(os.sched_getaffinity(0)))
+    for tensor, values in zip(unread, reads, strict=True):
         binding = bindings[tensor.name]
         if values.dtype != np.float32 or tuple(values.shape) != tuple(tensor.dims):
             raise ValueError(f"{binding.weight}: {values.dtype}{list(values.shape)} where the graph has float32{list(tensor.dims)}")

@@ -21,14 +21,17 @@ a model on the ``meta`` device: no copy of the weights is made while tracing, an
 (prefill and continue, per recurrence) are traced side by side in worker processes, one per CPU
 core. Only three layers are traced, whatever the member's depth: the rest are stamped from them
 before the optimiser runs (``s1omni.export.layer_stamp``), which leaves the optimiser's pass over
-the whole graph as the one cost that grows with the layers. The weights the optimiser folds by value (small ones) go to the trace; every larger weight
-is a placeholder there (``s1omni.export.graph_weights``), and the placeholders are filled from
-the package's safetensors afterwards, one tensor at a time (the next one read while this one is
-written). The graphs are those a trace of the loaded model gives, node for node and byte for byte
-(``tests/test_onnx_export.py``, ``tests/test_layer_stamp.py``).
+the whole graph as the one cost that grows with the layers. The weights the optimiser folds by
+value (small ones) go to the trace; every larger weight is a placeholder there
+(``s1omni.export.graph_weights``), filled from the package's safetensors one tensor at a time (the
+next one read while this one is written). The graphs are those a trace of the loaded model gives,
+node for node and byte for byte (``tests/test_onnx_export.py``, ``tests/test_layer_stamp.py``).
 
 Members whose weights exceed ``EXTERNAL_DATA_BYTES`` keep them in ``weights.data`` (several files
-for the largest: ``graph_weights.weights_files``), written once for both graphs. Every export is checked before it is kept (``s1omni.export.onnx_check``).
+for the largest: ``graph_weights.weights_files``), written once for both graphs, and written while
+the graphs are traced: which weights a graph binds, and transposed or not, follows from the config
+(``traced_bindings``), so the placeholders only have to be pointed at them once the graphs exist.
+Every export is checked before it is kept (``s1omni.export.onnx_check``).
 """
 
 from __future__ import annotations
@@ -64,7 +67,19 @@ from s1omni.runtime.runners.torch_runner import BACKBONE_PREFIX, eager_config, e
 from s1omni.runtime.staging import staged_directory
 from s1omni.runtime.vela2.package import shard_names
 
-from .graph_weights import PLACEHOLDER, Binding, ModuleTensors, PackageTensors, SharedWeights, TensorSource, bind_weights, foldable, read_float32
+from .graph_weights import (
+    FOLD_LIMIT,
+    PLACEHOLDER,
+    Binding,
+    ModuleTensors,
+    PackageTensors,
+    SharedWeights,
+    TensorSource,
+    bind_weights,
+    foldable,
+    read_float32,
+    write_ahead,
+)
 from .layer_stamp import stamp_layers, template_types
 from .onnx_check import LENGTHS, Expected, check_graphs, reference_outputs
 from .naming import RECURRENCES, graph_file
@@ -372,6 +387,18 @@ class _Placeholders:
         }
 
 
+def traced_bindings(config: Any) -> list[Binding]:
+    """The bindings the graphs of ``config`` get, known before they are traced: every weight the trace
+    does not take by value (``FOLD_LIMIT``), transposed where an ``nn.Linear`` reads it (the exporter's
+    ``MatMul`` of the transposed weight, the ``Transpose`` that ``_Placeholders`` folds), as stored
+    elsewhere (embedding, convolution). Held to the traced graphs' own by ``tests/test_onnx_export.py``."""
+    model = empty_backbone(config)
+    linear = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    return [
+        Binding(name, (1, 0) if name in linear else None) for name, value in model.state_dict().items() if value.numel() > FOLD_LIMIT
+    ]
+
+
 @dataclass(frozen=True)
 class GraphJob:
     """One graph to trace: which, from which config, with which weights by value, written where."""
@@ -492,11 +519,21 @@ def export_graphs(
             for recurrence, graphs in files.items()
             for name, file in graphs.items()
         ]
-        # The reference's outputs while the graphs are traced: the model is loaded, run and freed before
-        # the weights are written, so it is never in memory beside them or the graphs' sessions.
-        bindings, expected = build_graphs_beside(jobs, lambda: _reference(reference) if check else None)
-        traced_seconds = time.perf_counter() - started
         shared = SharedWeights(stage, weights) if weights > external_data_bytes else None
+        ahead = traced_bindings(config) if shared else []
+
+        def meanwhile() -> list[Expected] | None:
+            # While the graphs are traced: the reference's outputs (the model is loaded, run and freed, so
+            # it is never in memory beside the weights or the graphs' sessions), then the weights written
+            # to their files, on the cores the tracing leaves.
+            expected = _reference(reference) if check else None
+            if shared:
+                with progress.timed(f"wrote the weights into {_files(shared.names)}"):
+                    write_ahead(ahead, source, shared, torch.get_num_threads())
+            return expected
+
+        bindings, expected = build_graphs_beside(jobs, meanwhile)
+        traced_seconds = time.perf_counter() - started
         nodes: dict[str, dict[str, int]] = {recurrence: {} for recurrence in recurrences}
         for job, bound in zip(jobs, bindings, strict=True):
             file = files[job.recurrence][job.graph]
@@ -507,6 +544,9 @@ def export_graphs(
             onnx.checker.check_model(str(stage / file))
             nodes[job.recurrence][job.graph] = node_count(graph)
         if shared:
+            unused = set(ahead) - {binding for bound in bindings for binding in bound.values()}
+            if unused:  # harmless (the bytes are never read), but ``traced_bindings`` is then wrong
+                progress.note(f"{len(unused)} weights written ahead are not in the graphs: {sorted(b.weight for b in unused)[:3]} ...")
             shared.finish()
         seconds = time.perf_counter() - started
         progress.note(f"traced {len(jobs)} graphs in {traced_seconds:.1f} s, wrote them in {seconds - traced_seconds:.1f} s")

@@ -22,6 +22,7 @@ from s1omni.runtime.registry import Registry
 from s1omni.runtime.staging import check_output, staged_directory
 
 from . import workers
+from .families import export_family
 
 
 def export_package(
@@ -44,11 +45,10 @@ def export_package(
             package = verify(package_dir, registry or Registry.load())
             verification.detail = f" ({package.member.name}, {len(package.files)} files hashed)"
         with progress.timed("imported torch and the exporter"):
-            from .families import export_family
-
+            write = export_family(package.family).load_writer()
         with staged_directory(out, "export") as stage:
             with progress.timed(f"{package.member.name}: wrote the export files"):
-                fields = export_family(package.family).write(package, stage, recurrences)
+                fields = write(package, stage, recurrences)
             manifest = {
                 "family": package.family,
                 "member": identity_of(package).__dict__,

@@ -23,7 +23,7 @@ from onnx import helper, numpy_helper
 
 from s1omni.export.graph_weights import ModuleTensors, bind_weights, foldable
 from s1omni.export.layer_stamp import template_types
-from s1omni.export.onnx_export import OPSET, GraphJob, build_graphs, continue_example, prefill_example
+from s1omni.export.onnx_export import OPSET, GraphJob, build_graphs, continue_example, prefill_example, traced_bindings
 from s1omni.runtime.runners.torch_runner import eager_config
 from s1omni.runtime.synth import vela2
 from tests.onnx_graphs import structure
@@ -96,6 +96,14 @@ def graphs(member: torch.nn.Module, tmp_path_factory: pytest.TempPathFactory) ->
     jobs[WRONG] = _jobs(member, CASES[0], tmp_path_factory.mktemp("wrong"), _wrong_values(member))[:1]
     bindings = iter(build_graphs([job for group in jobs.values() for job in group]))
     return {key: [(_bound(member, job, bound), bound) for job, bound in zip(group, bindings)] for key, group in jobs.items()}
+
+
+def test_the_bindings_are_known_before_the_graphs_are_traced(member: torch.nn.Module, graphs: dict) -> None:
+    """What an export writes while it traces (``traced_bindings``, from the config) is what the traced graphs
+    bind, stamped or not: every weight they do not fold, transposed exactly where they read it so."""
+    found = {binding for case in CASES for _, bound in graphs[_case_id(case)] for binding in bound.values()}
+    assert set(traced_bindings(member.config)) == found
+    assert any(binding.perm == (1, 0) for binding in found) and any(binding.perm is None for binding in found)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[_case_id(case) for case in CASES])

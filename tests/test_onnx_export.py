@@ -22,7 +22,7 @@ from onnxscript.optimizer._constant_folding import FOLDED_FROM_KEY
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
 from s1omni.export import graph_weights
-from s1omni.export.graph_weights import PLACEHOLDER, WEIGHTS_FILE, Binding, SharedWeights, bind_weights, read_float32
+from s1omni.export.graph_weights import PLACEHOLDER, WEIGHTS_FILE, Binding, SharedWeights, bind_weights, read_float32, write_ahead
 from s1omni.export.onnx_check import check_graphs, reference_outputs
 from s1omni.export.onnx_export import (
     EXAMPLE_LENGTH,
@@ -248,6 +248,27 @@ def test_a_weight_written_for_one_graph_is_not_read_again_for_the_next(tmp_path:
         bind_weights(graph, {"w": Binding("proj", (1, 0))}, source, shared)
     assert reads == ["proj"] and (tmp_path / WEIGHTS_FILE).stat().st_size == matrix.nbytes
     assert numpy_helper.to_array(second.graph.initializer[0], str(tmp_path)).tobytes() == matrix.T.tobytes()
+
+
+def test_weights_written_ahead_are_pointed_at_not_read_again(tmp_path: Path) -> None:
+    """What the export writes while it traces (``write_ahead``): the graph then points at those bytes, and
+    a binding written for another shape than its graph's placeholder is refused, not pointed at."""
+    matrix = np.arange(6, dtype=np.float32).reshape(2, 3)
+    reads: list[str] = []
+
+    class Counted(_Weights):
+        def tensor(self, name: str) -> torch.Tensor:
+            reads.append(name)
+            return super().tensor(name)
+
+    shared, source = SharedWeights(tmp_path), Counted(proj=matrix, other=matrix)
+    write_ahead([Binding("proj", (1, 0)), Binding("other")], source, shared, threads=2)
+    graph = _placeholder_graph(3, 2)
+    bind_weights(graph, {"w": Binding("proj", (1, 0))}, source, shared)
+    assert reads == ["proj", "other"]
+    assert numpy_helper.to_array(graph.graph.initializer[0], str(tmp_path)).tobytes() == matrix.T.tobytes()
+    with pytest.raises(ValueError, match="24 bytes written where the graph's"):
+        bind_weights(_placeholder_graph(3, 3), {"w": Binding("other")}, source, shared)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
