@@ -213,6 +213,18 @@ class _Weights:
         return self.tensors[name]
 
 
+class _CountedWeights(_Weights):
+    """A hand-made weight source that lists the weights read from it, in order."""
+
+    def __init__(self, **tensors: np.ndarray | torch.Tensor):
+        super().__init__(**tensors)
+        self.reads: list[str] = []
+
+    def tensor(self, name: str) -> torch.Tensor:
+        self.reads.append(name)
+        return super().tensor(name)
+
+
 def _placeholder_graph(*dims: int) -> onnx.ModelProto:
     weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=list(dims), data_location=TensorProto.EXTERNAL)
     for key, value in (("location", PLACEHOLDER), ("offset", "0"), ("length", str(4 * int(np.prod(dims))))):
@@ -235,18 +247,11 @@ def test_weights_are_bound_by_name_and_transposed_as_traced(tmp_path: Path) -> N
 
 def test_a_weight_written_for_one_graph_is_not_read_again_for_the_next(tmp_path: Path) -> None:
     matrix = np.arange(6, dtype=np.float32).reshape(2, 3)
-    reads: list[str] = []
-
-    class Counted(_Weights):
-        def tensor(self, name: str) -> torch.Tensor:
-            reads.append(name)
-            return super().tensor(name)
-
-    shared, source = SharedWeights(tmp_path), Counted(proj=matrix)
+    shared, source = SharedWeights(tmp_path), _CountedWeights(proj=matrix)
     first, second = _placeholder_graph(3, 2), _placeholder_graph(3, 2)
     for graph in (first, second):
         bind_weights(graph, {"w": Binding("proj", (1, 0))}, source, shared)
-    assert reads == ["proj"] and (tmp_path / WEIGHTS_FILE).stat().st_size == matrix.nbytes
+    assert source.reads == ["proj"] and (tmp_path / WEIGHTS_FILE).stat().st_size == matrix.nbytes
     assert numpy_helper.to_array(second.graph.initializer[0], str(tmp_path)).tobytes() == matrix.T.tobytes()
 
 
@@ -254,18 +259,11 @@ def test_weights_written_ahead_are_pointed_at_not_read_again(tmp_path: Path) -> 
     """What the export writes while it traces (``write_ahead``): the graph then points at those bytes, and
     a binding written for another shape than its graph's placeholder is refused, not pointed at."""
     matrix = np.arange(6, dtype=np.float32).reshape(2, 3)
-    reads: list[str] = []
-
-    class Counted(_Weights):
-        def tensor(self, name: str) -> torch.Tensor:
-            reads.append(name)
-            return super().tensor(name)
-
-    shared, source = SharedWeights(tmp_path), Counted(proj=matrix, other=matrix)
+    shared, source = SharedWeights(tmp_path), _CountedWeights(proj=matrix, other=matrix)
     write_ahead([Binding("proj", (1, 0)), Binding("other")], source, shared, threads=2)
     graph = _placeholder_graph(3, 2)
     bind_weights(graph, {"w": Binding("proj", (1, 0))}, source, shared)
-    assert reads == ["proj", "other"]
+    assert source.reads == ["proj", "other"]
     assert numpy_helper.to_array(graph.graph.initializer[0], str(tmp_path)).tobytes() == matrix.T.tobytes()
     with pytest.raises(ValueError, match="24 bytes written where the graph's"):
         bind_weights(_placeholder_graph(3, 3), {"w": Binding("other")}, source, shared)
