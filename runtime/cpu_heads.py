@@ -4,9 +4,9 @@ Heads run on many threads at once: each request's on its own thread (the server'
 ``s1omni bench``'s), and the Vela 2.0 span head's word chunks on a pool besides. Their calls are small
 (a 0.8B router request: one span call over 450 words x 17 labels, ~15 candidate calls of ~15 options,
 d 256 over 1,024-wide states), so the parallelism is across those threads, and a library that starts
-a team of threads for each small call only oversubscribes the cores: on a loaded 16-core host the
-candidate head took 70 ms a call with numpy's OpenBLAS on its default threads and 1.1 ms on one
-(benchmarks/README.md "CPU heads" has this machine's figures).
+a team of threads for each small call only oversubscribes the cores (benchmarks/README.md "CPU
+heads": 8 threads each running the heads of 0.8B router requests, 3.4 requests a second with
+OpenBLAS's threads and scipy's erf, 42 with this module, on 2 shared cores).
 
 - numpy's BLAS: ``single_threaded_numpy_blas`` limits numpy's own BLAS library, the one whose file
   belongs to numpy's distribution, to one thread for the whole process (OpenBLAS's count is global).
@@ -21,7 +21,13 @@ candidate head took 70 ms a call with numpy's OpenBLAS on its default threads an
   torch (ATen's ``init_num_threads``), so a server thread that first ran the torch reference after a
   head call would run it on one thread. Here the thread's own count is set through threadpoolctl's
   OpenMP controller (``omp_set_num_threads`` is per thread), after ATen's lazy per-thread start.
-  torch's BLAS (MKL keeps a count of its own) is not called inside such a block.
+  torch's BLAS (MKL keeps a count of its own) is not called inside such a block. It is per call,
+  not a pool initializer, because request threads call heads too, and one of them may run the torch
+  reference next; it costs about 10 us a call.
+
+torch is imported at the first GELU, not with this module. A process that loads heads imports it
+already (the Vela 2.0 head tensors are read through safetensors' torch reader, OmniJev's model
+imports torch), so the GELU adds nothing to a server's start.
 """
 
 from __future__ import annotations
