@@ -5,8 +5,12 @@ Math as omnijev.md §7 documents a copy of OmniJev's ``mso/head.py`` (constructo
 norm="softmax")``, ``OrdinalScoreHead(2560, d_hidden=512)``). Tensor names are those modules'
 state dicts (``head.pt``, ``ord.pt``) under ``head.`` and ``ord.`` in ``heads.safetensors``
 (the prefixes are inferred: the export's own ``heads.rs`` is not documented). GELU is the exact
-erf form; softplus uses torch's threshold of 20; the cutpoint cumsum accumulates in float64, as
-torch's CPU cumsum does for float32.
+erf form, torch's kernel as in those modules (``runtime.cpu_heads.gelu``); softplus uses torch's
+threshold of 20; the cutpoint cumsum accumulates in float64, as torch's CPU cumsum does for float32.
+The rest is numpy, its BLAS on one thread once heads are built (``runtime.cpu_heads``): the heads of
+concurrent requests run on their own threads, and OpenBLAS's threads only oversubscribed the cores
+(benchmarks/README.md "CPU heads": Choice over 12 options took 84 ms a call with them and scipy's
+erf on 2 shared cores, 7 ms with numpy's BLAS on one thread, 3.7 ms with torch's GELU too).
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import load_file
-from scipy.special import erf
+
+from ..cpu_heads import gelu, single_threaded_numpy_blas
 
 HEAD = "head."
 ORDINAL = "ord."
@@ -30,11 +35,6 @@ NAMES = tuple(
 )
 FEATURES = 6
 NOUL = 0
-SQRT_HALF = np.float32(0.7071067811865476)
-
-
-def gelu(x: np.ndarray) -> np.ndarray:
-    return (x * np.float32(0.5) * (np.float32(1.0) + erf(x * SQRT_HALF))).astype(np.float32)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
@@ -55,6 +55,9 @@ def softmax(x: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class Heads:
     tensors: dict[str, np.ndarray]
+
+    def __post_init__(self) -> None:
+        single_threaded_numpy_blas()
 
     @classmethod
     def load(cls, path: str | Path) -> Heads:

@@ -1,0 +1,77 @@
+"""How the families' CPU heads use threads: numpy's BLAS on one thread, torch on one thread per head call.
+
+Heads run on many threads at once: each request's on its own thread (the server's, a Ray replica's,
+``s1omni bench``'s), and the Vela 2.0 span head's word chunks on a pool besides. Their calls are small
+(a 0.8B router request: one span call over 450 words x 17 labels, ~15 candidate calls of ~15 options,
+d 256 over 1,024-wide states), so the parallelism is across those threads, and a library that starts
+a team of threads for each small call only oversubscribes the cores (benchmarks/README.md "CPU
+heads": 8 threads each running the heads of 0.8B router requests, 3.4 requests a second with
+OpenBLAS's threads and scipy's erf, 42 with this module, on 2 shared cores).
+
+- numpy's BLAS: ``single_threaded_numpy_blas`` limits numpy's own BLAS library, the one whose file
+  belongs to numpy's distribution, to one thread for the whole process (OpenBLAS's count is global).
+  Only that one: scipy's copy of OpenBLAS is another library, torch's MKL and OpenMP and ONNX
+  Runtime's pool are untouched, so the torch reference runner keeps its threads. The heads call it
+  when they are built, which is at model load in every process that runs heads (``s1omni serve``, a
+  Ray replica, ``s1omni bench`` and ``s1omni validate`` in process); nothing in those processes uses
+  numpy's BLAS for work that wants threads (the backbones run in torch or ONNX Runtime).
+- torch: ``torch_on_one_thread`` makes torch's CPU kernels run inline on the calling thread for a
+  block, then gives the thread its count back. Not ``torch.set_num_threads(1)``: besides the calling
+  thread's OpenMP count it stores a process-wide one that every thread adopts when it first runs
+  torch (ATen's ``init_num_threads``), so a server thread that first ran the torch reference after a
+  head call would run it on one thread. Here the thread's own count is set through threadpoolctl's
+  OpenMP controller (``omp_set_num_threads`` is per thread), after ATen's lazy per-thread start.
+  torch's BLAS (MKL keeps a count of its own) is not called inside such a block. It is per call,
+  not a pool initializer, because request threads call heads too, and one of them may run the torch
+  reference next; it costs about 10 us a call.
+
+torch is imported at the first GELU, not with this module. A process that loads heads imports it
+already (the Vela 2.0 head tensors are read through safetensors' torch reader, OmniJev's model
+imports torch), so the GELU adds nothing to a server's start.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.metadata import distribution
+
+import numpy as np
+from threadpoolctl import ThreadpoolController
+
+
+@functools.cache
+def single_threaded_numpy_blas() -> tuple[str, ...]:
+    """Limit numpy's own BLAS to one thread in this process (once); the library files limited."""
+    numpy = distribution("numpy")
+    own = {os.path.realpath(numpy.locate_file(name)) for name in numpy.files or ()}
+    controller = ThreadpoolController()
+    blas = [lib["filepath"] for lib in controller.info() if lib["user_api"] == "blas" and os.path.realpath(lib["filepath"]) in own]
+    if blas:
+        controller.select(filepath=blas).limit(limits=1)
+    return tuple(blas)
+
+
+@functools.cache
+def _openmp() -> ThreadpoolController:
+    return ThreadpoolController().select(user_api="openmp")
+
+
+@contextmanager
+def torch_on_one_thread() -> Iterator[None]:
+    """torch's CPU kernels inline on this thread within the block (its count restored after)."""
+    import torch
+
+    torch.get_num_threads()  # ATen sets a thread's count at its first use: before the limit, not inside it
+    with _openmp().limit(limits=1):
+        yield
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU with the exact erf, of a float32 array (a new one): torch's kernel on this thread alone."""
+    import torch
+
+    with torch_on_one_thread():
+        return torch.nn.functional.gelu(torch.from_numpy(x)).numpy()

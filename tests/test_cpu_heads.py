@@ -1,0 +1,98 @@
+"""The CPU heads' threads (runtime/cpu_heads.py): numpy's BLAS on one thread once a model is loaded, torch's
+counts left as they were, and span scores that do not depend on which thread scores a chunk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from s1omni.runtime.cpu_heads import gelu, torch_on_one_thread
+from s1omni.runtime.vela2.heads import SPAN_TENSORS, WORD_CHUNK, SpanHead
+
+# Run in a fresh process: the limit is process-wide, and a test process has loaded models already.
+THREADS_AROUND_A_REQUEST = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    import numpy, torch
+    from threadpoolctl import threadpool_info
+    from s1omni.runtime.api import load_model
+
+    def counts():
+        fresh = []
+        thread = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
+        thread.start(); thread.join()
+        blas = {os.path.basename(os.path.dirname(lib["filepath"])): lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"}
+        return {"blas": blas, "torch": torch.get_num_threads(), "torch_fresh_thread": fresh[0]}
+
+    before = counts()
+    model = load_model(sys.argv[1])
+    model.answer(model.golden_request())  # candidate heads and the span head's pool
+    print(json.dumps({"before": before, "after": counts()}))
+    """
+)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: every library runs one thread already")
+def test_a_loaded_model_runs_numpy_blas_on_one_thread_and_leaves_torch_its_threads(tiny_vela: Path) -> None:
+    result = subprocess.run([sys.executable, "-c", THREADS_AROUND_A_REQUEST, str(tiny_vela)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    counts = json.loads(result.stdout.splitlines()[-1])
+    before, after = counts["before"], counts["after"]
+    assert before["blas"]["numpy.libs"] > 1  # OpenBLAS's default: the limit below is the heads'
+    assert after["blas"]["numpy.libs"] == 1
+    assert all(threads > 1 for folder, threads in after["blas"].items() if folder != "numpy.libs")  # scipy's: untouched
+    assert before["torch"] > 1
+    # torch's own thread and one that first runs torch after the heads ran keep the default count.
+    assert after["torch"] == after["torch_fresh_thread"] == before["torch"] == before["torch_fresh_thread"]
+
+
+def test_torch_runs_inline_within_the_block_and_gets_its_count_back() -> None:
+    def inside_and_after() -> tuple[int, int]:
+        with torch_on_one_thread():
+            inside = torch.get_num_threads()
+        return inside, torch.get_num_threads()
+
+    default = torch.get_num_threads()
+    with ThreadPoolExecutor(1) as pool:  # a thread whose first torch call is inside the block
+        assert pool.submit(inside_and_after).result() == (1, default)
+    assert inside_and_after() == (1, default)
+    fresh: list[int] = []
+    thread = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert fresh == [default]
+
+
+def test_gelu_is_torchs_exact_form_on_a_new_array() -> None:
+    x = np.linspace(-6, 6, 4099, dtype=np.float32)
+    copy = x.copy()
+    out = gelu(x)
+    assert out.dtype == np.float32 and not np.shares_memory(out, x)
+    np.testing.assert_array_equal(x, copy)
+    np.testing.assert_array_equal(out, torch.nn.functional.gelu(torch.from_numpy(x), approximate="none").numpy())
+
+
+def test_span_scores_are_bitwise_the_same_whichever_threads_score_the_chunks() -> None:
+    rng = np.random.default_rng(5)
+    hidden, d, slots = 64, 32, 4
+    shapes = {"wn.weight": (hidden,), "wn.bias": (hidden,), "ln.weight": (hidden,), "ln.bias": (hidden,),
+              "slot.weight": (slots, hidden), "K.weight": (d, hidden), "Q.weight": (d, hidden), "M.weight": (d, hidden),
+              "M.bias": (d,), "N.weight": (d, hidden), "v.weight": (1, d), "o.weight": (1, d), "o.bias": (1,)}  # fmt: skip
+    assert set(shapes) == SPAN_TENSORS
+    head = SpanHead({name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}, "span2.")
+    words = rng.standard_normal((5 * WORD_CHUNK + 3, hidden)).astype(np.float32)
+    labels = rng.standard_normal((7, hidden)).astype(np.float32)
+    alone = head(words, labels)
+    with ThreadPoolExecutor(4) as callers:  # four calls at once: their chunks interleave on the pool
+        for scores in callers.map(lambda _: head(words, labels), range(8)):
+            np.testing.assert_array_equal(scores, alone)
