@@ -34,7 +34,7 @@ def bfloat16_bits(values: np.ndarray) -> np.ndarray:
     return ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
 
 
-def _float32_array(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
+def float32_array(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
     """``tensor``'s float32 values, read from its external data file (relative to ``directory``) if it has one.
     Read here, not by ``numpy_helper.to_array``: newer onnx refuses a data file with several hard links, and
     our builds hard-link the export's weights into the engine directories."""
@@ -57,12 +57,12 @@ def _float32_array(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
 
 
 class Bf16Weights:
-    """Where the rounded weights go: ``BF16_FILE`` in the engine directory when the export kept its
+    """Where the rounded weights go: ``file`` (``BF16_FILE``) in the engine directory when the export kept its
     weights outside the graphs (one copy for both graphs), else inside each graph."""
 
-    def __init__(self, source_dir: Path, target_dir: Path):
-        self.source_dir, self.target_dir = source_dir, target_dir
-        self.offsets: dict[tuple[str, ...], int] = {}
+    def __init__(self, source_dir: Path, target_dir: Path, file: str = BF16_FILE):
+        self.source_dir, self.target_dir, self.file = source_dir, target_dir, file
+        self.offsets: dict[tuple[int | str, ...], int] = {}
 
     def rounded(self, weight: onnx.TensorProto) -> onnx.TensorProto:
         return self.concatenated([weight], weight.name)
@@ -71,19 +71,26 @@ class Bf16Weights:
         """The float32 matrices ``parts`` side by side (``s1omni.export.merged_projections``), each rounded,
         as the bfloat16 initializer ``name``: in ``BF16_FILE`` when every part is outside its graph (written
         once per combination of the export's tensors, whichever graph asks first), else in the graph."""
-        bits = np.concatenate([bfloat16_bits(_float32_array(part, self.source_dir)) for part in parts], axis=1)
+        bits = np.concatenate([bfloat16_bits(float32_array(part, self.source_dir)) for part in parts], axis=1)
         tensor = helper.make_tensor(name, TensorProto.BFLOAT16, list(bits.shape), bits.tobytes(), raw=True)
+        return self.placed(tensor, parts)
+
+    def placed(self, tensor: onnx.TensorProto, parts: Sequence[onnx.TensorProto]) -> onnx.TensorProto:
+        """``tensor`` (raw data), made from the export's ``parts``: moved to ``file`` when every part is outside its
+        graph (written once per combination of the export's tensors, whichever graph asks first), else as it is."""
         if any(part.data_location != TensorProto.EXTERNAL for part in parts):
             return tensor
-        key = tuple(f"{entry.key}={entry.value}" for part in parts for entry in part.external_data)  # the export's files and offsets
+        # The export's files and offsets, and what is made of them (a weight and its scales are two tensors).
+        key = (tensor.data_type, *tensor.dims, *(f"{entry.key}={entry.value}" for part in parts for entry in part.external_data))
         if key not in self.offsets:
-            with (self.target_dir / BF16_FILE).open("ab") as data:
+            with (self.target_dir / self.file).open("ab") as data:
                 data.write(b"\0" * (-data.tell() % ALIGNMENT))
                 self.offsets[key] = data.tell()
                 data.write(tensor.raw_data)
+        length = len(tensor.raw_data)
         tensor.ClearField("raw_data")
         tensor.data_location = TensorProto.EXTERNAL
-        for entry, value in (("location", BF16_FILE), ("offset", self.offsets[key]), ("length", bits.nbytes)):
+        for entry, value in (("location", self.file), ("offset", self.offsets[key]), ("length", length)):
             tensor.external_data.add(key=entry, value=str(value))
         return tensor
 
