@@ -205,7 +205,8 @@ def _reduced_copy(args: argparse.Namespace, config: ServeConfig, engine: str) ->
         return None
     if not wanted or args.reduced_copy is None or not args.engine:
         raise UsageError("--profiles max_speed and --reduced-copy COPY go together, with --engine ENG (the engine served as exact)")
-    copy, registry, device = args.reduced_copy, args.registry, args.device
+    # Absolute: a Ray replica loads it in its own process, on its own node.
+    copy, registry, device = str(Path(args.reduced_copy).absolute()), args.registry, args.device
     if not (Path(copy) / "manifest.json").is_file():
         raise InputError(f"{copy} is not an engine directory (it has no manifest.json)")
     problem = consent_problem(read_manifest(copy), read_manifest(engine), Registry.load(registry), device)

@@ -66,6 +66,11 @@ def enabled(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(chosen)
 
 
+def enabling(name: str) -> str:
+    """The ``s1omni serve`` options that enable the known profile ``name``."""
+    return f"--profiles {name}" + (" --reduced-copy COPY" if name == MAX_SPEED.name else "")
+
+
 def _merging(limits: Limits, profile: Profile) -> str:
     return (f"merged with concurrent {profile.name} requests into one forward within a {limits.batch_window_s * 1e3:g} ms window "
             f"(at most {limits.max_batch_tokens} tokens and {limits.max_batch_plans} plans a forward)")  # fmt: skip

@@ -204,7 +204,7 @@ def test_bfloat16_engine_emulated_on_the_cpu_keeps_every_clear_decision(exported
     build_cuda_engine(exported, engine, "--gated-delta-kernel", kernel, "--precision", "bf16", "--merged-projections", *fp16)
     for graph in ("prefill", "continue"):
         model = onnx.load(str(engine / f"{graph}.onnx"))
-        emulated = bfloat16_emulated(gated_delta_netbfloat16_emulated(model, "fp16") if kernel == "GatedDeltaNet" else model, engine)
+        emulated = bfloat16_emulated(gated_delta_net_emulated(model, "fp16") if kernel == "GatedDeltaNet" else model, engine)
         onnx.save(emulated, str(engine / f"{graph}.onnx"))
     report = validate_on_the_cpu(engine, tiny_vela, tmp_path / "report.json")
     summary = report["summary"]
