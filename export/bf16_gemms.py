@@ -14,7 +14,7 @@ and its state, and every input and output of the graphs, so the runner is unchan
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -95,25 +95,31 @@ class Bf16Weights:
         return tensor
 
 
+def weight_matrices(graph: onnx.GraphProto, what: str, takes: Callable[[onnx.TensorProto], bool]) -> dict[str, onnx.TensorProto]:
+    """The 2-D initializers ``takes`` accepts whose every reader is a ``MatMul`` taking it as its second input, by
+    name; ``ValueError`` for a graph with subgraphs (Scan), which a rewrite does not enter."""
+    if any(attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for node in graph.node for attribute in node.attribute):
+        raise ValueError(f"{what} GEMMs: the graph has subgraphs (Scan); build from the fused graphs")
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            readers[name].append((node, index))
+    return {
+        tensor.name: tensor
+        for tensor in graph.initializer
+        if len(tensor.dims) == 2
+        and takes(tensor)
+        and readers[tensor.name]
+        and all(node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and index == 1 for node, index in readers[tensor.name])
+    }
+
+
 def use_bf16_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
     """Rewrite ``model`` in place (see the module docstring); returns how many ``MatMul`` nodes now run in
     bfloat16. A weight also read by any other node is left in float32, and so are its products; one
     already in bfloat16 (merged projections, rounded as they were concatenated) is kept as it is."""
     graph = model.graph
-    if any(attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for node in graph.node for attribute in node.attribute):
-        raise ValueError("bf16 GEMMs: the graph has subgraphs (Scan); build from the fused graphs")
-    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
-    for node in graph.node:
-        for index, name in enumerate(node.input):
-            readers[name].append((node, index))
-    matrices = {
-        tensor.name
-        for tensor in graph.initializer
-        if tensor.data_type in (TensorProto.FLOAT, TensorProto.BFLOAT16)
-        and len(tensor.dims) == 2
-        and readers[tensor.name]
-        and all(node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and index == 1 for node, index in readers[tensor.name])
-    }
+    matrices = weight_matrices(graph, "bf16", lambda tensor: tensor.data_type in (TensorProto.FLOAT, TensorProto.BFLOAT16))
     initializers = [
         weights.rounded(tensor) if tensor.name in matrices and tensor.data_type == TensorProto.FLOAT else tensor for tensor in graph.initializer
     ]

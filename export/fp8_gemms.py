@@ -31,14 +31,12 @@ has no ``GemmFloat8``; the tests run these graphs on the CPU through an emulatio
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .bf16_gemms import Bf16Weights, float32_array
+from .bf16_gemms import Bf16Weights, float32_array, weight_matrices
 
 FP8_FILE = "weights.fp8.data"
 E4M3_MAX = 448.0  # the largest finite float8 e4m3fn value
@@ -74,19 +72,7 @@ def use_fp8_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
     """Rewrite ``model`` in place (see the module docstring); returns how many ``MatMul`` nodes now run in
     float8. ``weights`` places the quantized weights and scales (``FP8_FILE`` when the export's are outside)."""
     graph = model.graph
-    if any(attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for node in graph.node for attribute in node.attribute):
-        raise ValueError("fp8 GEMMs: the graph has subgraphs (Scan); build from the fused graphs")
-    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
-    for node in graph.node:
-        for index, name in enumerate(node.input):
-            readers[name].append((node, index))
-    matrices = {
-        tensor.name: tensor
-        for tensor in graph.initializer
-        if eligible(tensor)
-        and readers[tensor.name]
-        and all(node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and index == 1 for node, index in readers[tensor.name])
-    }
+    matrices = weight_matrices(graph, "fp8", eligible)
     if not matrices:
         return 0
     quantized: list[onnx.TensorProto] = []
