@@ -75,15 +75,19 @@ def consent_problem(copy: dict[str, Any], engine: dict[str, Any], registry: Regi
 
 @dataclass(frozen=True)
 class ReducedCopy:
-    """A consented copy, loaded: its directory, its model (whose ``forward`` runs ``max_speed``) and its consent."""
+    """A consented copy, loaded: its directory, its manifest and its model (whose ``forward`` runs ``max_speed``)."""
 
     path: Path
+    manifest: dict[str, Any]
     model: Any
-    consent: dict[str, Any]
+
+    @property
+    def consent(self) -> dict[str, Any]:
+        return self.manifest["consent"]
 
     def card(self) -> dict[str, Any]:
         """What ``GET /v1/models`` says of it under ``max_speed``."""
-        manifest = read_manifest(self.path)
+        manifest = self.manifest
         figures = self.consent["figures"]
         return {
             "name": self.path.name,
@@ -107,4 +111,4 @@ def load_reduced_copy(path: str | Path, engine_dir: str | Path, registry: Regist
     if problem:
         raise GateMissed(f"the reduced copy {path} {problem}; it will not be served (max_speed is refused)")
     model = load_engine_model(path, registry, device, allow_unvalidated=True)  # its files checked; its standing is the consent
-    return ReducedCopy(path, model, copy["consent"])
+    return ReducedCopy(path, copy, model)
