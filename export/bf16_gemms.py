@@ -63,6 +63,7 @@ class Bf16Weights:
     def __init__(self, source_dir: Path, target_dir: Path, file: str = BF16_FILE):
         self.source_dir, self.target_dir, self.file = source_dir, target_dir, file
         self.offsets: dict[tuple[int | str, ...], int] = {}
+        self.lengths: dict[tuple[int | str, ...], int] = {}
 
     def rounded(self, weight: onnx.TensorProto) -> onnx.TensorProto:
         return self.concatenated([weight], weight.name)
@@ -71,26 +72,30 @@ class Bf16Weights:
         """The float32 matrices ``parts`` side by side (``s1omni.export.merged_projections``), each rounded,
         as the bfloat16 initializer ``name``: in ``BF16_FILE`` when every part is outside its graph (written
         once per combination of the export's tensors, whichever graph asks first), else in the graph."""
-        bits = np.concatenate([bfloat16_bits(float32_array(part, self.source_dir)) for part in parts], axis=1)
-        tensor = helper.make_tensor(name, TensorProto.BFLOAT16, list(bits.shape), bits.tobytes(), raw=True)
-        return self.placed(tensor, parts)
+        shape = [parts[0].dims[0], sum(part.dims[1] for part in parts)]
 
-    def placed(self, tensor: onnx.TensorProto, parts: Sequence[onnx.TensorProto]) -> onnx.TensorProto:
-        """``tensor`` (raw data), made from the export's ``parts``: moved to ``file`` when every part is outside its
-        graph (written once per combination of the export's tensors, whichever graph asks first), else as it is."""
+        def bits() -> bytes:
+            return np.concatenate([bfloat16_bits(float32_array(part, self.source_dir)) for part in parts], axis=1).tobytes()
+
+        return self.placed(name, TensorProto.BFLOAT16, shape, bits, parts)
+
+    def placed(self, name: str, data_type: int, dims: Sequence[int], data: Callable[[], bytes], parts: Sequence[onnx.TensorProto]) -> onnx.TensorProto:
+        """The initializer ``name`` whose raw bytes ``data`` makes from the export's ``parts``: in ``file`` when every part
+        is outside its graph (made and written once per combination of the export's tensors, whichever graph asks
+        first: the other finds it there), else inside the graph."""
         if any(part.data_location != TensorProto.EXTERNAL for part in parts):
-            return tensor
+            return helper.make_tensor(name, data_type, list(dims), data(), raw=True)
         # The export's files and offsets, and what is made of them (a weight and its scales are two tensors).
-        key = (tensor.data_type, *tensor.dims, *(f"{entry.key}={entry.value}" for part in parts for entry in part.external_data))
+        key = (data_type, *dims, *(f"{entry.key}={entry.value}" for part in parts for entry in part.external_data))
         if key not in self.offsets:
-            with (self.target_dir / self.file).open("ab") as data:
-                data.write(b"\0" * (-data.tell() % ALIGNMENT))
-                self.offsets[key] = data.tell()
-                data.write(tensor.raw_data)
-        length = len(tensor.raw_data)
-        tensor.ClearField("raw_data")
-        tensor.data_location = TensorProto.EXTERNAL
-        for entry, value in (("location", self.file), ("offset", self.offsets[key]), ("length", length)):
+            raw = data()
+            with (self.target_dir / self.file).open("ab") as out:
+                out.write(b"\0" * (-out.tell() % ALIGNMENT))
+                self.offsets[key] = out.tell()
+                out.write(raw)
+            self.lengths[key] = len(raw)
+        tensor = onnx.TensorProto(name=name, data_type=data_type, dims=list(dims), data_location=TensorProto.EXTERNAL)
+        for entry, value in (("location", self.file), ("offset", self.offsets[key]), ("length", self.lengths[key])):
             tensor.external_data.add(key=entry, value=str(value))
         return tensor
 

@@ -31,6 +31,8 @@ has no ``GemmFloat8``; the tests run these graphs on the CPU through an emulatio
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -77,9 +79,12 @@ def use_fp8_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
         return 0
     quantized: list[onnx.TensorProto] = []
     for name, tensor in matrices.items():
-        bits, scales = quantize_weight(float32_array(tensor, weights.source_dir))
-        stored = helper.make_tensor(f"{name}/fp8", TensorProto.FLOAT8E4M3FN, list(bits.shape), bits.tobytes(), raw=True)
-        quantized += [weights.placed(stored, [tensor]), weights.placed(_constant(f"{name}/fp8_scale", scales), [tensor])]
+        k, n = tensor.dims
+        made = functools.cache(lambda tensor=tensor: quantize_weight(float32_array(tensor, weights.source_dir)))  # once for both
+        quantized += [
+            weights.placed(f"{name}/fp8", TensorProto.FLOAT8E4M3FN, [n, k], lambda made=made: made()[0].tobytes(), [tensor]),
+            weights.placed(f"{name}/fp8_scale", TensorProto.FLOAT, [n], lambda made=made: made()[1].tobytes(), [tensor]),
+        ]
     kept = [tensor for tensor in graph.initializer if tensor.name not in matrices]
     shared = [
         _constant("fp8/one", np.array(1, np.float32)),

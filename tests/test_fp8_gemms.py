@@ -122,6 +122,30 @@ def test_the_emulated_product_is_the_scaled_float8_product_and_each_row_its_own(
     assert np.array_equal(alone[0, 0], y[1, 2])  # a row answers as when it runs alone
 
 
+def test_weights_outside_the_graphs_are_quantized_once_into_one_file(tiny_vela: Path, tmp_path: Path) -> None:
+    """As a real-size member's export keeps them: both graphs point at one copy of each quantized weight and its scales."""
+    from s1omni.export.bf16_gemms import float32_array
+    from s1omni.export.naming import graph_file
+    from s1omni.export.onnx_export import export_model, load_package_backbone
+
+    export = export_model(load_package_backbone(tiny_vela), tmp_path / "export", external_data_bytes=0, check=False, recurrences=("fused",))
+    weights = Bf16Weights(export, tmp_path, FP8_FILE)
+    graphs = [onnx.load(str(export / graph_file(graph, "fused")), load_external_data=False) for graph in ("prefill", "continue")]
+    sources = {t.name: t for t in graphs[0].graph.initializer}
+    assert [use_fp8_gemms(graph, weights) for graph in graphs] == [25, 25]
+    placed = [{t.name: {e.key: e.value for e in t.external_data} for t in graph.graph.initializer if t.name.endswith(("/fp8", "/fp8_scale"))}
+              for graph in graphs]  # fmt: skip
+    entries = [sorted(tuple(sorted(entry.items())) for entry in graph.values()) for graph in placed]  # the graphs name them apart
+    assert entries[0] == entries[1] and all(entry["location"] == FP8_FILE for entry in placed[0].values())
+    assert (tmp_path / FP8_FILE).stat().st_size == max(int(e["offset"]) + int(e["length"]) for e in placed[0].values())
+    name = next(name for name in placed[0] if name.endswith("/fp8")).removesuffix("/fp8")
+    bits, scales = quantize_weight(float32_array(sources[name], export))
+    data = (tmp_path / FP8_FILE).read_bytes()
+    stored, scale = placed[0][f"{name}/fp8"], placed[0][f"{name}/fp8_scale"]
+    assert data[int(stored["offset"]) : int(stored["offset"]) + int(stored["length"])] == bits.tobytes()
+    assert data[int(scale["offset"]) : int(scale["offset"]) + int(scale["length"])] == scales.tobytes()
+
+
 def test_fp8_builds_are_for_cuda_only_without_cuda_graphs(exported: Path, tmp_path: Path) -> None:
     cpu = run_s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--precision", "fp8", "--out", str(tmp_path / "c"))
     assert cpu.returncode == 2 and "--precision fp8" in cpu.stderr and "onnxruntime/cuda only" in cpu.stderr
