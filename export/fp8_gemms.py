@@ -13,9 +13,14 @@ float8 e4m3 operands:
   (at least the smallest normal float, so an all-zero padding row stays zero), and cast to e4m3 with
   saturation: a row's scale is its own, so a request's answers never depend on the rows merged beside
   it (``batching``);
-- the op multiplies with float32 accumulation (``CUBLAS_COMPUTE_32F``, ``fastAccumulationMode=0``) into
-  float32 with unit scales, and the product is scaled back, ``y = (xq @ Wq^T) * sa[m] * sb[n]``, and
-  reshaped to the activation's leading dimensions.
+- the op multiplies into float32 with unit scales, and the product is scaled back,
+  ``y = (xq @ Wq^T) * sa[m] * sb[n]``, and reshaped to the activation's leading dimensions. Its schema
+  (ONNX Runtime 1.31.1) takes ``transA``, ``transB``, ``alpha``, ``beta``, ``dtype`` and ``activation``
+  only; the kernel's other settings keep their defaults: row-major operands, ``CUBLAS_COMPUTE_32F``, and
+  cuBLASLt's fast FP8 accumulation (on Hopper, partial sums kept at reduced precision inside the tensor
+  core before they are added in float32), which the consent gate's figures include.
+- the op is given five inputs, ``A, B, scaleA, scaleB, scaleY`` as its kernel reads five
+  (gemm_float8.cu), no bias.
 
 The op's per-tensor ``scaleA``/``scaleB`` inputs are ones: per-row and per-channel scales cannot be
 expressed through them, and the Mul after the product costs one elementwise pass. Every other
@@ -123,8 +128,7 @@ def use_fp8_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
         nodes += [
             helper.make_node(
                 "GemmFloat8", [f"{a}/e4m3", f"{weight}/fp8", "fp8/one", "fp8/one", "fp8/one"], [f"{p}/raw"], domain=DOMAIN,
-                transA=0, transB=1, rowMajor=1, dtype=TensorProto.FLOAT, fastAccumulationMode=0, computeType="CUBLAS_COMPUTE_32F",
-                name=f"{p}/gemm",
+                transA=0, transB=1, dtype=TensorProto.FLOAT, name=f"{p}/gemm",
             ),  # fmt: skip
             helper.make_node("Mul", [f"{p}/raw", f"{a}/scale"], [f"{p}/rows"], name=f"{p}/rows"),
             helper.make_node("Mul", [f"{p}/rows", f"{weight}/fp8_scale"], [f"{p}/flat"], name=f"{p}/flat"),

@@ -78,9 +78,7 @@ def test_the_rewrite_runs_each_aligned_weight_gemm_in_float8(tmp_path: Path) -> 
     gemms = [node for node in model.graph.node if node.op_type == "GemmFloat8"]
     assert len(gemms) == 1 and gemms[0].domain == "com.microsoft"
     attributes = {a.name: helper.get_attribute_value(a) for a in gemms[0].attribute}
-    assert attributes | {"computeType": attributes["computeType"].decode()} == {
-        "transA": 0, "transB": 1, "rowMajor": 1, "dtype": TensorProto.FLOAT, "fastAccumulationMode": 0, "computeType": "CUBLAS_COMPUTE_32F",
-    }  # fmt: skip
+    assert attributes == {"transA": 0, "transB": 1, "dtype": TensorProto.FLOAT} and len(gemms[0].input) == 5
     initializers = {t.name: t for t in model.graph.initializer}
     assert initializers["w_fp8/fp8"].data_type == TensorProto.FLOAT8E4M3FN and list(initializers["w_fp8/fp8"].dims) == [N, K]
     assert "w_fp8" not in initializers and {"w_odd", "w_shared"} <= initializers.keys()  # left to bf16 / float32
@@ -89,6 +87,9 @@ def test_the_rewrite_runs_each_aligned_weight_gemm_in_float8(tmp_path: Path) -> 
     assert [helper.get_attribute_value(a) for a in casts[0].attribute if a.name == "saturate"] == [1]
     assert {(o.domain, o.version) for o in model.opset_import} == {("", OPSET), ("com.microsoft", 1)}
     assert not (tmp_path / FP8_FILE).exists()  # the weights were inside the graph: they stay there
+    # ONNX Runtime's own schema of GemmFloat8 (registered in its CPU build too) takes the node: only its kernel is missing here.
+    with pytest.raises(onnxruntime.capi.onnxruntime_pybind11_state.NotImplemented, match="GemmFloat8"):
+        onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
 def _run(model: onnx.ModelProto, x: np.ndarray, provider: str = "CPUExecutionProvider") -> list[np.ndarray]:
