@@ -23,7 +23,7 @@ from s1omni.export.bf16_gemms import Bf16Weights
 from s1omni.export.fp8_gemms import E4M3_MAX, FP8_FILE, OPSET, quantize_weight, use_fp8_gemms
 from s1omni.runtime.engine import read_manifest
 from tests.cli import run_s1omni, s1omni
-from tests.cuda_builds import gemm_float8_emulated, needs_cuda
+from tests.cuda_builds import bfloat16_emulated, gated_delta_net_emulated, gemm_float8_emulated, needs_cuda
 
 K, N, ODD = 32, 48, 24
 
@@ -162,8 +162,14 @@ def test_an_fp8_build_records_its_precision_and_no_cuda_graphs(exported: Path, t
     manifest = read_manifest(engine)
     assert (manifest["precision"], manifest["cuda_graphs"], manifest["validation"]) == ("fp8", False, None)
     assert "float8 GEMMs" in progress
-    model = onnx.load(str(engine / "prefill.onnx"))
-    assert sum(node.op_type == "GemmFloat8" for node in model.graph.node) > 0
+    for graph in ("prefill", "continue"):
+        model = onnx.load(str(engine / f"{graph}.onnx"))
+        assert sum(node.op_type == "GemmFloat8" for node in model.graph.node) == 25
+        # Every node ONNX Runtime's schemas check (GemmFloat8's included) is accepted: with the other CUDA-only
+        # nodes emulated, all the CPU lacks is GemmFloat8's kernel.
+        others = bfloat16_emulated(gated_delta_net_emulated(model, "fp32"), engine)
+        with pytest.raises(onnxruntime.capi.onnxruntime_pybind11_state.NotImplemented, match="GemmFloat8"):
+            onnxruntime.InferenceSession(others.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
 def _relative(got: np.ndarray, want: np.ndarray) -> float:
@@ -204,7 +210,6 @@ def test_the_tiny_fp8_engine_on_cuda_computes_what_its_emulation_does(fp8_engine
     from s1omni.calib import CALIB
     from s1omni.export.reference import load_cases
     from s1omni.runtime.engine import load_engine_model, write_manifest
-    from tests.cuda_builds import bfloat16_emulated, gated_delta_net_emulated
 
     emulated = tmp_path / "emulated"
     shutil.copytree(fp8_engine, emulated)
