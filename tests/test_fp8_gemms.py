@@ -19,9 +19,13 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from s1omni.export.bf16_gemms import Bf16Weights
+from s1omni.calib import CALIB
+from s1omni.export.bf16_gemms import Bf16Weights, float32_array
 from s1omni.export.fp8_gemms import E4M3_MAX, FP8_FILE, OPSET, quantize_weight, use_fp8_gemms
-from s1omni.runtime.engine import read_manifest
+from s1omni.export.naming import graph_file
+from s1omni.export.onnx_export import export_model, load_package_backbone
+from s1omni.export.reference import load_cases
+from s1omni.runtime.engine import load_engine_model, read_manifest, write_manifest
 from tests.cli import run_s1omni, s1omni
 from tests.cuda_builds import bfloat16_emulated, gated_delta_net_emulated, gemm_float8_emulated, needs_cuda
 
@@ -125,9 +129,6 @@ def test_the_emulated_product_is_the_scaled_float8_product_and_each_row_its_own(
 
 def test_weights_outside_the_graphs_are_quantized_once_into_one_file(tiny_vela: Path, tmp_path: Path) -> None:
     """As a real-size member's export keeps them: both graphs point at one copy of each quantized weight and its scales."""
-    from s1omni.export.bf16_gemms import float32_array
-    from s1omni.export.naming import graph_file
-    from s1omni.export.onnx_export import export_model, load_package_backbone
 
     export = export_model(load_package_backbone(tiny_vela), tmp_path / "export", external_data_bytes=0, check=False, recurrences=("fused",))
     weights = Bf16Weights(export, tmp_path, FP8_FILE)
@@ -207,9 +208,6 @@ def test_the_tiny_fp8_engine_on_cuda_computes_what_its_emulation_does(fp8_engine
     On the tiny member's random weights the fp8 copy is 37-45% (relative L2) off the float32 engine, and the
     bf16 engine 4-9% (measured with the emulations on the CPU): a misread operand or a lost scale is off by
     all of it; accumulation order and a few activations rounded to the neighbouring e4m3 value are not."""
-    from s1omni.calib import CALIB
-    from s1omni.export.reference import load_cases
-    from s1omni.runtime.engine import load_engine_model, write_manifest
 
     emulated = tmp_path / "emulated"
     shutil.copytree(fp8_engine, emulated)
