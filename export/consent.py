@@ -11,6 +11,9 @@ consents to the copy on that device; else it is refused, with every reason and t
 Either way the verdict goes into the copy's manifest (``consent``), and only a granted one is served
 (``s1omni.runtime.reduced_copy``).
 
+The exact engine need not be validated yet (the gate compares the copy with it, not with the
+reference); serving it still needs its own validation.
+
 No tie allowance here, unlike the validation gates (``compare_answers``): a decision the copy flips
 at a boundary is still served differently, and the consent counts what a client would see change.
 

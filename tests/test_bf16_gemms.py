@@ -22,17 +22,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.bf16_gemms import BF16_FILE, Bf16Weights, bfloat16_bits, use_bf16_gemms
 from s1omni.export.merged_projections import merge_projections
-from s1omni.export.onnx_export import export_model, load_package_backbone
+from s1omni.export.onnx_export import load_package_backbone
 from s1omni.runtime.runners.base import text_positions
 from s1omni.runtime.runners.torch_runner import TorchRunner
 from tests.cuda_builds import bfloat16_emulated, bfloat16_widened, build_cuda_engine, gated_delta_net_emulated, validate_on_the_cpu
-
-
-@pytest.fixture(scope="module")
-def external_export(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny member's fused graphs with every weight outside them, as a real-size member's export keeps them."""
-    out = tmp_path_factory.mktemp("bf16") / "export"
-    return export_model(load_package_backbone(tiny_vela), out, external_data_bytes=0, check=False, recurrences=("fused",))
 
 
 def test_rounding_is_torch_s_bfloat16_nearest_even() -> None:

@@ -23,7 +23,6 @@ from s1omni.calib import CALIB
 from s1omni.export.bf16_gemms import Bf16Weights, float32_array
 from s1omni.export.fp8_gemms import E4M3_MAX, FP8_FILE, OPSET, quantize_weight, use_fp8_gemms
 from s1omni.export.naming import graph_file
-from s1omni.export.onnx_export import export_model, load_package_backbone
 from s1omni.export.reference import load_cases
 from s1omni.runtime.engine import load_engine_model, read_manifest, write_manifest
 from tests.cli import run_s1omni, s1omni
@@ -127,10 +126,9 @@ def test_the_emulated_product_is_the_scaled_float8_product_and_each_row_its_own(
     assert np.array_equal(alone[0, 0], y[1, 2])  # a row answers as when it runs alone
 
 
-def test_weights_outside_the_graphs_are_quantized_once_into_one_file(tiny_vela: Path, tmp_path: Path) -> None:
+def test_weights_outside_the_graphs_are_quantized_once_into_one_file(external_export: Path, tmp_path: Path) -> None:
     """As a real-size member's export keeps them: both graphs point at one copy of each quantized weight and its scales."""
-
-    export = export_model(load_package_backbone(tiny_vela), tmp_path / "export", external_data_bytes=0, check=False, recurrences=("fused",))
+    export = external_export
     weights = Bf16Weights(export, tmp_path, FP8_FILE)
     graphs = [onnx.load(str(export / graph_file(graph, "fused")), load_external_data=False) for graph in ("prefill", "continue")]
     sources = {t.name: t for t in graphs[0].graph.initializer}
