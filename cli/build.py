@@ -22,10 +22,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_force(parser)
     parser.add_argument(
         "--precision",
-        choices=["fp32", "tf32", "bf16"],
+        choices=["fp32", "tf32", "bf16", "fp8"],
         help="onnxruntime/cuda only: bf16 (default, the fastest: weight GEMMs in bfloat16 with float32 accumulation; everything "
         "else, the state included, float32; the gpu-reduced gate), fp32 (TF32 off, for parity work; the gpu gate) "
-        "or tf32 (TF32 tensor-core matmuls; float32 weights and state; the gpu-reduced gate)",
+        "or tf32 (TF32 tensor-core matmuls; float32 weights and state; the gpu-reduced gate); fp8 builds the reduced copy "
+        "max_speed serves (weight GEMMs in float8 e4m3 with per-channel and per-row scales, no CUDA graphs; held to the "
+        "consent gate: s1omni validate COPY --exact ENG)",
     )
     parser.add_argument(
         "--gated-delta-kernel",

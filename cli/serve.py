@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from s1omni.runtime.errors import EnvironmentMissing, GateMissed, InputError, UsageError
@@ -13,6 +14,9 @@ from s1omni.runtime.errors import EnvironmentMissing, GateMissed, InputError, Us
 from . import add_registry, comma_list
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from s1omni.runtime.reduced_copy import ReducedCopy
     from s1omni.server.config import ServeConfig
     from s1omni.server.service import ModelSource
 
@@ -20,7 +24,7 @@ HELP = "serve /v1/systemone over HTTP from a member package, an engine, or the e
 ENV_PREFIX = "S1OMNI_"
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 RAY_ONLY = ("replicas", "ray_address", "gpus_per_replica", "min_replicas", "max_replicas")
-VELA_ONLY = ("profiles", "max_queue", "max_queued_tokens", "max_request_bytes", "batch_window_ms", "max_batch_tokens", "max_batch_plans")
+VELA_ONLY = ("profiles", "reduced_copy", "max_queue", "max_queued_tokens", "max_request_bytes", "batch_window_ms", "max_batch_tokens", "max_batch_plans")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +55,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=comma_list,
         metavar="LIST",
         help=f"profiles to enable besides exact (always on, the default), comma-separated: {', '.join(sorted(set(KNOWN) - {EXACT.name}))}; "
-        "batching merges concurrent requests into one forward within --batch-window-ms",
+        "batching merges concurrent requests into one forward within --batch-window-ms; max_speed does too, on --reduced-copy",
+    )
+    vela.add_argument(
+        "--reduced-copy",
+        metavar="DIR",
+        help="with --engine and --profiles max_speed: the reduced copy max_speed runs on (s1omni build --precision fp8), "
+        "served only where its member's registry entry consents to it on --device and its consent gate, run against "
+        "this very engine (s1omni validate DIR --exact ENG), granted it; otherwise the server does not start",
     )
     vela.add_argument("--max-queue", type=int, metavar="N", help=f"admitted jobs not yet answered (default {limits.max_queue})")
     vela.add_argument("--max-queued-tokens", type=int, metavar="N", help=f"their tokens (default {limits.max_queued_tokens})")
@@ -132,7 +143,6 @@ def _config(args: argparse.Namespace) -> ServeConfig:
 
 def run(args: argparse.Namespace) -> int:
     from functools import partial
-    from pathlib import Path
 
     from s1omni.runtime.api import load_model
     from s1omni.runtime.engine import read_manifest
@@ -141,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
 
     from s1omni.server import demo
     from s1omni.server.process import configure_logging, serve
+    from s1omni.server.profiles import MAX_SPEED
     from s1omni.server.service import ModelSource, Service
 
     if args.environment_errors:
@@ -165,10 +176,13 @@ def run(args: argparse.Namespace) -> int:
         family = detect_family(Path(path)) if args.package else read_manifest(path)["family"]
         # Only plain values in the loader: a Ray replica gets it pickled, and args holds more than these.
         registry, device = args.registry, args.device
-        source = ModelSource(Path(path).name, lambda: load_model(path, Registry.load(registry), device), family=family)
+        copy = _reduced_copy(args, config, path) if family == "vela2" else None  # other families refuse the option below
+        source = ModelSource(Path(path).name, lambda: load_model(path, Registry.load(registry), device), family=family, reduced_copy=copy)
     given = _given_vela_only(args)
     if source.family != "vela2" and given:
         raise UsageError(f"{', '.join(given)} apply to Vela 2.0 members only, not to {source.family}")
+    if path is None and MAX_SPEED.name in config.profiles:
+        raise UsageError("max_speed runs on a reduced copy of an engine: serve --engine ENG with --reduced-copy COPY")
     if args.ray:
         return _deploy_on_ray(args, config, source)
     given = [f"--{name.replace('_', '-')}" for name in RAY_ONLY if getattr(args, name) is not None]
@@ -176,6 +190,29 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(given)} apply with --ray only")
     serve(Service(config, source), args.log_level)
     return 0
+
+
+def _reduced_copy(args: argparse.Namespace, config: ServeConfig, engine: str) -> Callable[[], ReducedCopy] | None:
+    """The loader of ``--reduced-copy`` (with ``--profiles max_speed`` and ``--engine`` only), its consent checked
+    now, before anything loads (``GateMissed`` naming why it may not be served), and again as it loads."""
+    from s1omni.runtime.engine import read_manifest
+    from s1omni.runtime.reduced_copy import consent_problem, load_reduced_copy
+    from s1omni.runtime.registry import Registry
+    from s1omni.server.profiles import MAX_SPEED
+
+    wanted = MAX_SPEED.name in config.profiles
+    if not wanted and args.reduced_copy is None:
+        return None
+    if not wanted or args.reduced_copy is None or not args.engine:
+        raise UsageError("--profiles max_speed and --reduced-copy COPY go together, with --engine ENG (the engine served as exact)")
+    # Absolute: a Ray replica loads it in its own process, on its own node.
+    copy, registry, device = str(Path(args.reduced_copy).absolute()), args.registry, args.device
+    if not (Path(copy) / "manifest.json").is_file():
+        raise InputError(f"{copy} is not an engine directory (it has no manifest.json)")
+    problem = consent_problem(read_manifest(copy), read_manifest(engine), Registry.load(registry), device)
+    if problem:
+        raise GateMissed(f"the reduced copy {copy} {problem}; max_speed is refused and the server does not start")
+    return lambda: load_reduced_copy(copy, engine, Registry.load(registry), device)
 
 
 def _deploy_on_ray(args: argparse.Namespace, config: ServeConfig, source: ModelSource) -> int:

@@ -14,7 +14,7 @@ and its state, and every input and output of the graphs, so the runner is unchan
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +34,7 @@ def bfloat16_bits(values: np.ndarray) -> np.ndarray:
     return ((bits + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
 
 
-def _float32_array(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
+def float32_array(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
     """``tensor``'s float32 values, read from its external data file (relative to ``directory``) if it has one.
     Read here, not by ``numpy_helper.to_array``: newer onnx refuses a data file with several hard links, and
     our builds hard-link the export's weights into the engine directories."""
@@ -57,12 +57,13 @@ def _float32_array(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
 
 
 class Bf16Weights:
-    """Where the rounded weights go: ``BF16_FILE`` in the engine directory when the export kept its
+    """Where the rounded weights go: ``file`` (``BF16_FILE``) in the engine directory when the export kept its
     weights outside the graphs (one copy for both graphs), else inside each graph."""
 
-    def __init__(self, source_dir: Path, target_dir: Path):
-        self.source_dir, self.target_dir = source_dir, target_dir
-        self.offsets: dict[tuple[str, ...], int] = {}
+    def __init__(self, source_dir: Path, target_dir: Path, file: str = BF16_FILE):
+        self.source_dir, self.target_dir, self.file = source_dir, target_dir, file
+        self.offsets: dict[tuple[int | str, ...], int] = {}
+        self.lengths: dict[tuple[int | str, ...], int] = {}
 
     def rounded(self, weight: onnx.TensorProto) -> onnx.TensorProto:
         return self.concatenated([weight], weight.name)
@@ -71,21 +72,51 @@ class Bf16Weights:
         """The float32 matrices ``parts`` side by side (``s1omni.export.merged_projections``), each rounded,
         as the bfloat16 initializer ``name``: in ``BF16_FILE`` when every part is outside its graph (written
         once per combination of the export's tensors, whichever graph asks first), else in the graph."""
-        bits = np.concatenate([bfloat16_bits(_float32_array(part, self.source_dir)) for part in parts], axis=1)
-        tensor = helper.make_tensor(name, TensorProto.BFLOAT16, list(bits.shape), bits.tobytes(), raw=True)
+        shape = [parts[0].dims[0], sum(part.dims[1] for part in parts)]
+
+        def bits() -> bytes:
+            return np.concatenate([bfloat16_bits(float32_array(part, self.source_dir)) for part in parts], axis=1).tobytes()
+
+        return self.placed(name, TensorProto.BFLOAT16, shape, bits, parts)
+
+    def placed(self, name: str, data_type: int, dims: Sequence[int], data: Callable[[], bytes], parts: Sequence[onnx.TensorProto]) -> onnx.TensorProto:
+        """The initializer ``name`` whose raw bytes ``data`` makes from the export's ``parts``: in ``file`` when every part
+        is outside its graph (made and written once per combination of the export's tensors, whichever graph asks
+        first: the other finds it there), else inside the graph."""
         if any(part.data_location != TensorProto.EXTERNAL for part in parts):
-            return tensor
-        key = tuple(f"{entry.key}={entry.value}" for part in parts for entry in part.external_data)  # the export's files and offsets
+            return helper.make_tensor(name, data_type, list(dims), data(), raw=True)
+        # The export's files and offsets, and what is made of them (a weight and its scales are two tensors).
+        key = (data_type, *dims, *(f"{entry.key}={entry.value}" for part in parts for entry in part.external_data))
         if key not in self.offsets:
-            with (self.target_dir / BF16_FILE).open("ab") as data:
-                data.write(b"\0" * (-data.tell() % ALIGNMENT))
-                self.offsets[key] = data.tell()
-                data.write(tensor.raw_data)
-        tensor.ClearField("raw_data")
-        tensor.data_location = TensorProto.EXTERNAL
-        for entry, value in (("location", BF16_FILE), ("offset", self.offsets[key]), ("length", bits.nbytes)):
+            raw = data()
+            with (self.target_dir / self.file).open("ab") as out:
+                out.write(b"\0" * (-out.tell() % ALIGNMENT))
+                self.offsets[key] = out.tell()
+                out.write(raw)
+            self.lengths[key] = len(raw)
+        tensor = onnx.TensorProto(name=name, data_type=data_type, dims=list(dims), data_location=TensorProto.EXTERNAL)
+        for entry, value in (("location", self.file), ("offset", self.offsets[key]), ("length", self.lengths[key])):
             tensor.external_data.add(key=entry, value=str(value))
         return tensor
+
+
+def weight_matrices(graph: onnx.GraphProto, what: str, takes: Callable[[onnx.TensorProto], bool]) -> dict[str, onnx.TensorProto]:
+    """The 2-D initializers ``takes`` accepts whose every reader is a ``MatMul`` taking it as its second input, by
+    name; ``ValueError`` for a graph with subgraphs (Scan), which a rewrite does not enter."""
+    if any(attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for node in graph.node for attribute in node.attribute):
+        raise ValueError(f"{what} GEMMs: the graph has subgraphs (Scan); build from the fused graphs")
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for node in graph.node:
+        for index, name in enumerate(node.input):
+            readers[name].append((node, index))
+    return {
+        tensor.name: tensor
+        for tensor in graph.initializer
+        if len(tensor.dims) == 2
+        and takes(tensor)
+        and readers[tensor.name]
+        and all(node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and index == 1 for node, index in readers[tensor.name])
+    }
 
 
 def use_bf16_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
@@ -93,20 +124,7 @@ def use_bf16_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
     bfloat16. A weight also read by any other node is left in float32, and so are its products; one
     already in bfloat16 (merged projections, rounded as they were concatenated) is kept as it is."""
     graph = model.graph
-    if any(attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for node in graph.node for attribute in node.attribute):
-        raise ValueError("bf16 GEMMs: the graph has subgraphs (Scan); build from the fused graphs")
-    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
-    for node in graph.node:
-        for index, name in enumerate(node.input):
-            readers[name].append((node, index))
-    matrices = {
-        tensor.name
-        for tensor in graph.initializer
-        if tensor.data_type in (TensorProto.FLOAT, TensorProto.BFLOAT16)
-        and len(tensor.dims) == 2
-        and readers[tensor.name]
-        and all(node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and index == 1 for node, index in readers[tensor.name])
-    }
+    matrices = weight_matrices(graph, "bf16", lambda tensor: tensor.data_type in (TensorProto.FLOAT, TensorProto.BFLOAT16))
     initializers = [
         weights.rounded(tensor) if tensor.name in matrices and tensor.data_type == TensorProto.FLOAT else tensor for tensor in graph.initializer
     ]

@@ -9,7 +9,9 @@ execution provider options to run them with:
 - ``cuda``: the ``fused`` graphs where exported, each Gated DeltaNet layer one contrib node that
   ``--gated-delta-kernel`` picks (``s1omni.export.cuda_kernels``), at ``--precision bf16`` (the default, the
   fastest: weight GEMMs in bfloat16, ``s1omni.export.bf16_gemms``, held to the gpu-reduced gate), ``fp32``
-  (TF32 off; for parity work, the gpu gate) or ``tf32``. Two bf16 options are opt-in until H200 records
+  (TF32 off; for parity work, the gpu gate), ``tf32`` or ``fp8``, the reduced copy ``max_speed`` serves
+  (weight GEMMs in float8 e4m3, ``s1omni.export.fp8_gemms``; no CUDA graphs; held to the consent gate
+  against the exact engine, ``s1omni.export.consent``, not to a validation gate). Two bf16 options are opt-in until H200 records
   show builds with them passing gpu-reduced and faster at every member size (the 0.8B's does,
   ``benchmarks/h200-0.8B-gdn16``): ``--gated-delta-inputs fp16`` feeds the GatedDeltaNet
   nodes float16 q/k/v, which their chunked prefill engine needs, and ``--merged-projections`` merges the
@@ -45,6 +47,7 @@ from s1omni.runtime.staging import staged_directory
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
 from .cuda_fusions import fuse_norms, fuse_sigmoids
 from .cuda_kernels import INPUT_TYPES, KERNELS, chunked_prefill, use_gated_delta_net
+from .fp8_gemms import FP8_FILE, use_fp8_gemms
 from .merged_projections import merge_projections
 from .naming import RECURRENCES, graph_file
 
@@ -59,6 +62,7 @@ ORT_PRECISIONS = {
         "bf16": {"use_tf32": 0, "cudnn_conv_algo_search": "HEURISTIC"},  # and the graphs' GEMMs in bfloat16
         "fp32": {"use_tf32": 0, "cudnn_conv_algo_search": "HEURISTIC"},
         "tf32": {"use_tf32": 1, "cudnn_conv_algo_search": "HEURISTIC"},
+        "fp8": {"use_tf32": 0, "cudnn_conv_algo_search": "HEURISTIC"},  # a reduced copy for max_speed (fp8_gemms)
     },
 }
 BACKBONE = ("prefill", "continue")
@@ -107,22 +111,26 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
 
 
 def _graph_rewrites(
-    kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool, weights: Bf16Weights
+    kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool, weights: Bf16Weights,
+    fp8_weights: Bf16Weights,
 ) -> dict[str, Callable[[onnx.ModelProto], int]]:
     """What a build rewrites in each backbone graph, in order: the Gated DeltaNet kernel (its q/k/v in
     ``inputs``), the norms and sigmoids, the merged projections, then the GEMMs' precision (merged
-    weights are rounded as they are concatenated, so only bf16 builds merge)."""
+    weights are rounded as they are concatenated, so only bf16 builds merge; fp8 builds run the GEMMs
+    float8 cannot take in bfloat16)."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
     if kernel == "GatedDeltaNet":  # a fused graph (kernel implies fused)
         rewrites["GatedDeltaNet nodes"] = lambda graph: use_gated_delta_net(graph, inputs)
     if op_fusion:
         rewrites["fused norms"] = fuse_norms
         rewrites["sigmoids"] = fuse_sigmoids
-    if precision == "bf16":
+    if precision in ("bf16", "fp8"):
         if recurrence != "fused":
-            raise InputError("--precision bf16 rewrites the fused graphs; export again with --recurrence fused")
+            raise InputError(f"--precision {precision} rewrites the fused graphs; export again with --recurrence fused")
         if merged:
             rewrites["merged projections"] = lambda graph: merge_projections(graph, weights.concatenated)
+        if precision == "fp8":
+            rewrites["float8 GEMMs"] = lambda graph: use_fp8_gemms(graph, fp8_weights)
         rewrites["bfloat16 GEMMs"] = lambda graph: use_bf16_gemms(graph, weights)
     return rewrites
 
@@ -173,7 +181,11 @@ def build(
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
     if cuda_graphs and (backend, target) != ("onnxruntime", "cuda"):
         raise UsageError("--cuda-graphs is for onnxruntime/cuda")
-    cuda_graphs = (backend, target) == ("onnxruntime", "cuda") if cuda_graphs is None else cuda_graphs
+    if precision == "fp8" and (backend, target) != ("onnxruntime", "cuda"):
+        raise UsageError("--precision fp8 (the reduced copy max_speed serves) is for onnxruntime/cuda only: GemmFloat8 is a CUDA kernel")
+    if precision == "fp8" and cuda_graphs:  # GemmFloat8 allocates its workspace on every call: nothing a CUDA graph can capture
+        raise UsageError("--precision fp8 builds run without CUDA graphs (GemmFloat8 allocates its cuBLASLt workspace on every call)")
+    cuda_graphs = (backend, target) == ("onnxruntime", "cuda") and precision != "fp8" if cuda_graphs is None else cuda_graphs
     record: dict[str, Any]
     with staged_directory(out, "engine") as stage:
         if backend == "onnxruntime":
@@ -191,7 +203,8 @@ def build(
             op_fusion = op_fusion and target == "cuda"
             inputs = _gated_delta_inputs(gated_delta_inputs, kernel, precision)
             merged_projections = merged_projections and precision == "bf16"
-            rewrites = _graph_rewrites(kernel, inputs, precision, recurrence, op_fusion, merged_projections, Bf16Weights(export_dir, stage))
+            rewrites = _graph_rewrites(kernel, inputs, precision, recurrence, op_fusion, merged_projections,
+                                       Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE))  # fmt: skip
             for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:
                     progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...")

@@ -71,6 +71,11 @@ def record_validation(path: Path, validation: dict[str, Any]) -> None:
     _replace_manifest(path, {**read_manifest(path), "validation": validation})
 
 
+def record_consent(path: Path, consent: dict[str, Any]) -> None:
+    """Store a reduced copy's consent (``s1omni.runtime.reduced_copy``) in a manifest whose files were just verified."""
+    _replace_manifest(path, {**read_manifest(path), "consent": consent})
+
+
 def _replace_manifest(path: Path, manifest: dict[str, Any]) -> None:
     manifest = {**manifest, "format": FORMAT}
     temporary = path / f".{MANIFEST}.tmp"

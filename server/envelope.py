@@ -73,7 +73,7 @@ def _profile(value: Any, enabled: tuple[str, ...]) -> str:
         return value
     if not profiles.well_formed(value):
         raise _invalid(f"options.profile must be a profile name ({profiles.NAME_PATTERN}): one of {list(enabled)}")
-    hint = f" (`s1omni serve --profiles {value}` enables it)" if value in profiles.KNOWN else ""
+    hint = f" (`s1omni serve {profiles.enabling(value)}` enables it)" if value in profiles.KNOWN else ""
     raise _invalid(f"options.profile {value!r} is not enabled on this server, which runs {list(enabled)}{hint}")
 
 

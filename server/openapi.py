@@ -197,7 +197,8 @@ def _vela_responses() -> dict[str, Any]:
                 "type": "array",
                 "items": _object(
                     ["name", "numerics", "description"],
-                    {"name": STRING, "numerics": {"enum": ["exact", "approximate"]}, "description": STRING},
+                    {"name": STRING, "numerics": {"enum": ["exact", "approximate"]}, "description": STRING,
+                     "copy": {"type": "object", "description": "max_speed only: the reduced copy it runs on and its consent figures."}},  # fmt: skip
                 ),
                 "description": "The profiles requests may choose: exact, then those the server enabled.",
             },

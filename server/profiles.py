@@ -11,8 +11,14 @@ decisions; on the CPU float32 engine, probabilities within 1e-5), not byte for b
 ``exact`` and the profiles it was started with (``s1omni serve --profiles batching``); the card of
 ``GET /v1/models`` lists them, and a request for any other is 400 ``invalid_request``.
 
-The reference's ``shared_context`` (a tree's blocks packed behind one prefix) and ``max_speed``
-(``batching`` on a reduced copy of the linear layers) are not served here yet.
+``max_speed`` is ``batching`` on a reduced copy of the engine's linear layers (``s1omni build --precision
+fp8``): its forwards run on the copy, merged like ``batching``'s (never with ``batching``'s: another
+model), and everything else of the request (plan, heads, finish) on the engine. A server offers it only
+with a copy whose consent stands (``s1omni serve --profiles max_speed --reduced-copy COPY``;
+``s1omni.runtime.reduced_copy``): otherwise it does not start. Its card entry is ``approximate`` and
+names the copy and its consent figures.
+
+The reference's ``shared_context`` (a tree's blocks packed behind one prefix) is not served here yet.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ class Profile:
 
 EXACT = Profile("exact", merges_requests=False)
 BATCHING = Profile("batching", merges_requests=True)
-KNOWN = {profile.name: profile for profile in (EXACT, BATCHING)}
+MAX_SPEED = Profile("max_speed", merges_requests=True)  # on a reduced copy
+KNOWN = {profile.name: profile for profile in (EXACT, BATCHING, MAX_SPEED)}
 
 
 def well_formed(name: Any) -> bool:
@@ -59,15 +66,37 @@ def enabled(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(chosen)
 
 
+def enabling(name: str) -> str:
+    """The ``s1omni serve`` options that enable the known profile ``name``."""
+    return f"--profiles {name}" + (" --reduced-copy COPY" if name == MAX_SPEED.name else "")
+
+
+def _merging(limits: Limits, profile: Profile) -> str:
+    return (f"merged with concurrent {profile.name} requests into one forward within a {limits.batch_window_s * 1e3:g} ms window "
+            f"(at most {limits.max_batch_tokens} tokens and {limits.max_batch_plans} plans a forward)")  # fmt: skip
+
+
 def batching_entry(limits: Limits) -> dict[str, Any]:
     """The card's entry for ``batching`` under the scheduler's ``limits``."""
     return {
         "name": BATCHING.name,
         "numerics": "approximate",
         "description": (
-            f"merged with concurrent batching requests into one forward within a {limits.batch_window_s * 1e3:g} ms window "
-            f"(at most {limits.max_batch_tokens} tokens and {limits.max_batch_plans} plans a forward): a prefix may be "
-            "left-padded to another request's, so answers are within the engine's gate of exact (the same decisions), "
-            "not byte for byte"
+            f"{_merging(limits, BATCHING)}: a prefix may be left-padded to another request's, so answers are within the "
+            "engine's gate of exact (the same decisions), not byte for byte"
+        ),
+    }
+
+
+def max_speed_entry(limits: Limits, copy: dict[str, Any]) -> dict[str, Any]:
+    """The card's entry for ``max_speed`` on the reduced copy described by ``copy`` (``ReducedCopy.card``)."""
+    return {
+        "name": MAX_SPEED.name,
+        "numerics": "approximate",
+        "copy": copy,
+        "description": (
+            f"{_merging(limits, MAX_SPEED)}, on the reduced copy {copy['name']} ({copy['precision']} linear layers): its consent "
+            f"keeps at least {copy['consent']['least_kept']:.0%} of every answer type's decisions of exact on the calibration "
+            "cases, not all of them"
         ),
     }

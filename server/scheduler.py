@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,9 +100,15 @@ class Arrival:
             self._arrived()
 
 
+Forward = Callable[[Sequence[Plan]], list[Any]]
+
+
 class Scheduler:
-    def __init__(self, forward: Callable[[Sequence[Plan]], list[Any]], limits: Limits, metrics: Metrics):
+    def __init__(self, forward: Forward, limits: Limits, metrics: Metrics, forwards: Mapping[str, Forward] | None = None):
+        """``forwards``: a profile's own forward, by its name, where it runs on another model (``max_speed``:
+        the reduced copy); a batch is of one profile, so it runs on one of them."""
         self._forward = forward
+        self._forwards = dict(forwards or {})
         self.limits = limits
         self._metrics = metrics
         self._queue: deque[Job] = deque()
@@ -250,7 +256,7 @@ class Scheduler:
         """One forward for ``jobs``; if it fails, each job again alone, so only the culprit fails."""
         started = time.perf_counter()
         try:
-            results = self._forward([job.plan for job in jobs])
+            results = self._forwards.get(jobs[0].profile.name, self._forward)([job.plan for job in jobs])
             if len(results) != len(jobs):
                 raise RuntimeError(f"model.forward answered {len(results)} results for {len(jobs)} plans")
         except Exception as exc:

@@ -23,12 +23,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from s1omni.runtime.api import DecisionModel
-from s1omni.runtime.errors import GateMissed, InputError, RequestError, S1omniError
+from s1omni.runtime.errors import GateMissed, InputError, RequestError, S1omniError, UsageError
+from s1omni.runtime.reduced_copy import ReducedCopy
 
 from . import wire
 from .config import ServeConfig
 from .families import Family, family_for
 from .metrics import Metrics
+from .profiles import MAX_SPEED, max_speed_entry
 from .scheduler import Arrival, Scheduler
 from .timing import Timing
 
@@ -37,12 +39,14 @@ log = logging.getLogger("s1omni.server")
 
 @dataclass(frozen=True)
 class ModelSource:
-    """What to serve: a name to show before it loads, its family, how to load it, and a notice for its card."""
+    """What to serve: a name to show before it loads, its family, how to load it, a notice for its card, and
+    how to load the reduced copy ``max_speed`` runs on (``s1omni.runtime.reduced_copy``), where it is enabled."""
 
     label: str
     load: Callable[[], DecisionModel]
     notice: str | None = None
     family: str = "vela2"
+    reduced_copy: Callable[[], ReducedCopy] | None = None
 
 
 class Service:
@@ -98,7 +102,15 @@ class Service:
             if model.family != self.family.name:
                 raise InputError(f"{self.source.label} loaded as a {model.family} model, not {self.family.name}")
             card = self.family.card(model)
-            self.scheduler = Scheduler(model.forward, self.family.limits, self.metrics)
+            forwards = {}
+            if (MAX_SPEED.name in self.config.profiles) != (self.source.reduced_copy is not None):
+                raise UsageError("max_speed runs on a reduced copy: enable it with one (--profiles max_speed --reduced-copy COPY), and a copy with it")
+            if self.source.reduced_copy is not None:
+                copy = self.source.reduced_copy()  # GateMissed unless its consent stands
+                card["profiles"] = [*card["profiles"], max_speed_entry(self.family.limits, copy.card())]
+                forwards[MAX_SPEED.name] = copy.model.forward
+                log.info("max_speed on the reduced copy %s (consent: %s)", copy.path, copy.card()["consent"])
+            self.scheduler = Scheduler(model.forward, self.family.limits, self.metrics, forwards)
             self.scheduler.start()
             self.family.bind(model, card, self.scheduler)
             self._card = card

@@ -56,6 +56,16 @@ def exported(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def external_export(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny member's fused graphs with every weight outside them, as a real-size member's export keeps them
+    (the bf16 and fp8 GEMM rewrites' one-file-for-both-graphs path)."""
+    from s1omni.export.onnx_export import export_model, load_package_backbone
+
+    out = tmp_path_factory.mktemp("external") / "export"
+    return export_model(load_package_backbone(tiny_vela), out, external_data_bytes=0, check=False, recurrences=("fused",))
+
+
+@pytest.fixture(scope="session")
 def cpu_engine(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``exported``'s ONNX Runtime CPU engine (``s1omni build``), validated by ``cpu_validation``. Shared, so
     read only: a test that changes it changes a copy."""

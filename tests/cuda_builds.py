@@ -86,3 +86,58 @@ def gated_delta_net_emulated(rewritten: onnx.ModelProto, inputs: str) -> onnx.Mo
     del graph.node[:]
     graph.node.extend(nodes)
     return model
+
+
+def gemm_float8_emulated(rewritten: onnx.ModelProto) -> onnx.ModelProto:
+    """An emulation for tests, never served: a copy of an fp8 build's graph (``s1omni.export.fp8_gemms``) with each
+    ``GemmFloat8`` (CUDA only) as what it computes, on the CPU EP: both float8 operands cast to float32 (exact) and
+    multiplied by a float32 ``MatMul`` with the weight transposed (``transB=1``); only the accumulation order differs.
+    The activation's scaling and float8 cast, and the scales after the product, are the build's own nodes."""
+    model = onnx.ModelProto.FromString(rewritten.SerializeToString())
+    graph = model.graph
+    nodes = []
+    for node in graph.node:
+        if node.op_type != "GemmFloat8":
+            nodes.append(node)
+            continue
+        activation, weight = node.input[:2]
+        tag = f"{node.name}/emulated"
+        nodes += [
+            helper.make_node("Cast", [activation], [f"{tag}/a"], to=TensorProto.FLOAT),
+            helper.make_node("Cast", [weight], [f"{tag}/w"], to=TensorProto.FLOAT),
+            helper.make_node("Transpose", [f"{tag}/w"], [f"{tag}/wt"], perm=[1, 0]),
+            helper.make_node("MatMul", [f"{tag}/a", f"{tag}/wt"], [node.output[0]]),
+        ]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
+def bfloat16_widened(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
+    """A bfloat16 initializer's values in float32 (exact)."""
+    bits = numpy_helper.to_array(tensor, base_dir=str(directory)).view(np.uint16)
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def bfloat16_emulated(model: onnx.ModelProto, directory: Path) -> onnx.ModelProto:
+    """``model`` with its bfloat16 values carried in float32: each bfloat16 weight widened, each cast to
+    bfloat16 followed by a cast back (the rounding kept, the type float32 again), each product rounded
+    to bfloat16 before its cast to float32 (cuBLAS writes bfloat16)."""
+    graph = model.graph
+    widened = [numpy_helper.from_array(bfloat16_widened(t, directory), t.name) if t.data_type == TensorProto.BFLOAT16 else t for t in graph.initializer]
+    del graph.initializer[:]
+    graph.initializer.extend(widened)
+    nodes = []
+    for node in graph.node:
+        if node.op_type == "Cast" and node.input[0].endswith("/bf16"):  # a product: round it first
+            product = node.input[0]
+            nodes.append(helper.make_node("Cast", [product], [f"{product}/rounded"], to=TensorProto.BFLOAT16))
+            node.input[0] = f"{product}/rounded"
+        nodes.append(node)
+        if node.op_type == "Cast" and helper.get_attribute_value(node.attribute[0]) == TensorProto.BFLOAT16:
+            rounded = node.output[0]
+            node.output[0] = f"{rounded}/rounded"
+            nodes.append(helper.make_node("Cast", [f"{rounded}/rounded"], [rounded], to=TensorProto.FLOAT))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model

@@ -22,17 +22,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.bf16_gemms import BF16_FILE, Bf16Weights, bfloat16_bits, use_bf16_gemms
 from s1omni.export.merged_projections import merge_projections
-from s1omni.export.onnx_export import export_model, load_package_backbone
+from s1omni.export.onnx_export import load_package_backbone
 from s1omni.runtime.runners.base import text_positions
 from s1omni.runtime.runners.torch_runner import TorchRunner
-from tests.cuda_builds import build_cuda_engine, gated_delta_net_emulated, validate_on_the_cpu
-
-
-@pytest.fixture(scope="module")
-def external_export(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny member's fused graphs with every weight outside them, as a real-size member's export keeps them."""
-    out = tmp_path_factory.mktemp("bf16") / "export"
-    return export_model(load_package_backbone(tiny_vela), out, external_data_bytes=0, check=False, recurrences=("fused",))
+from tests.cuda_builds import bfloat16_emulated, bfloat16_widened, build_cuda_engine, gated_delta_net_emulated, validate_on_the_cpu
 
 
 def test_rounding_is_torch_s_bfloat16_nearest_even() -> None:
@@ -43,11 +36,6 @@ def test_rounding_is_torch_s_bfloat16_nearest_even() -> None:
         assert np.array_equal(bfloat16_bits(array), expected)
     with pytest.raises(ValueError, match="non-finite"):
         bfloat16_bits(np.array([1.0, np.inf], np.float32))
-
-
-def _float32(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
-    bits = numpy_helper.to_array(tensor, base_dir=str(directory)).view(np.uint16)
-    return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
 def _rounded(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
@@ -86,7 +74,7 @@ def test_cuda_build_runs_every_weight_gemm_in_bfloat16(exported: Path, cuda_engi
         parts = _parts(model, source)
         assert sorted(map(len, parts.values())) == ([1] * 8 + [2] * 4 + [3] + [4] * 3 if merged else [1] * 31)  # the out projections alone
         rounded = [t for t in model.graph.initializer if t.name in parts]
-        assert all(np.array_equal(_float32(t, engine), _rounded_side_by_side(parts[t.name], exported)) for t in rounded)
+        assert all(np.array_equal(bfloat16_widened(t, engine), _rounded_side_by_side(parts[t.name], exported)) for t in rounded)
         ops = [node.op_type for node in model.graph.node]
         assert ops.count("GatedDeltaNet") == 3 and ops.count("MatMul") == 34 - 15 * merged  # rotary and attention scores stay float32
         assert [(o.name, o.type.tensor_type.elem_type) for o in model.graph.output] == [
@@ -106,7 +94,7 @@ def test_a_large_member_s_matrices_go_to_one_bfloat16_file_for_both_graphs(exter
         parts = _parts(model, source)
         rounded = [t for t in model.graph.initializer if t.data_type == TensorProto.BFLOAT16]
         assert all(t.data_location == TensorProto.EXTERNAL and t.external_data[0].value == BF16_FILE for t in rounded)
-        assert all(np.array_equal(_float32(t, tmp_path), _rounded_side_by_side(parts[t.name], external_export)) for t in rounded)
+        assert all(np.array_equal(bfloat16_widened(t, tmp_path), _rounded_side_by_side(parts[t.name], external_export)) for t in rounded)
         offsets.append({int(next(e.value for e in t.external_data if e.key == "offset")): int(np.prod(t.dims)) for t in rounded})
     assert offsets[0] == offsets[1] and len(offsets[0]) == 31 - 15 * merged  # the continuation reads the prefill's copies
     last = max(offsets[0])
@@ -125,36 +113,12 @@ def test_a_hard_linked_export_is_read(tmp_path: Path) -> None:
     os.link(export / "weights.data", engine / "weights.data")
     weight = onnx.load(str(export / "graph.onnx"), load_external_data=False).graph.initializer[0]
     rounded = Bf16Weights(export, engine).rounded(weight)
-    assert np.array_equal(_float32(rounded, engine), _rounded(numpy_helper.from_array(values, "w"), export))
+    assert np.array_equal(bfloat16_widened(rounded, engine), _rounded(numpy_helper.from_array(values, "w"), export))
     escaping = onnx.TensorProto()
     escaping.CopyFrom(weight)
     escaping.external_data[0].value = "../engine/weights.data"
     with pytest.raises(ValueError, match="outside"):
         Bf16Weights(export, engine).rounded(escaping)
-
-
-def _emulated(model: onnx.ModelProto, directory: Path) -> onnx.ModelProto:
-    """``model`` with its bfloat16 values carried in float32: each bfloat16 weight widened, each cast to
-    bfloat16 followed by a cast back (the rounding kept, the type float32 again), each product rounded
-    to bfloat16 before its cast to float32 (cuBLAS writes bfloat16)."""
-    graph = model.graph
-    widened = [numpy_helper.from_array(_float32(t, directory), t.name) if t.data_type == TensorProto.BFLOAT16 else t for t in graph.initializer]
-    del graph.initializer[:]
-    graph.initializer.extend(widened)
-    nodes = []
-    for node in graph.node:
-        if node.op_type == "Cast" and node.input[0].endswith("/bf16"):  # a product: round it first
-            product = node.input[0]
-            nodes.append(helper.make_node("Cast", [product], [f"{product}/rounded"], to=TensorProto.BFLOAT16))
-            node.input[0] = f"{product}/rounded"
-        nodes.append(node)
-        if node.op_type == "Cast" and helper.get_attribute_value(node.attribute[0]) == TensorProto.BFLOAT16:
-            rounded = node.output[0]
-            node.output[0] = f"{rounded}/rounded"
-            nodes.append(helper.make_node("Cast", [f"{rounded}/rounded"], [rounded], to=TensorProto.FLOAT))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model
 
 
 def _bfloat16_linears(model: torch.nn.Module) -> torch.nn.Module:
@@ -172,7 +136,7 @@ def test_bfloat16_graph_computes_the_model_with_bfloat16_linears(external_export
     source = external_export / "prefill.fused.onnx"
     model = onnx.load(str(source), load_external_data=False)
     assert use_bf16_gemms(model, Bf16Weights(external_export, tmp_path)) == 31  # the tiny member's 31 nn.Linear
-    emulated = _emulated(model, tmp_path)
+    emulated = bfloat16_emulated(model, tmp_path)
     onnx.load_external_data_for_model(emulated, str(external_export))  # the float32 rest
     onnx.checker.check_model(emulated)
     ids = np.random.default_rng(1).integers(1, 2048, 300)
@@ -200,7 +164,7 @@ def test_merged_bfloat16_graph_computes_the_unmerged_one(external_export: Path, 
         if merged:
             assert merge_projections(model, weights.concatenated) == 8
         use_bf16_gemms(model, weights)
-        emulated = _emulated(model, tmp_path / str(merged))
+        emulated = bfloat16_emulated(model, tmp_path / str(merged))
         onnx.load_external_data_for_model(emulated, str(external_export))
         onnx.checker.check_model(emulated)
         graphs.append(emulated.SerializeToString())
@@ -233,7 +197,7 @@ def test_bfloat16_engine_emulated_on_the_cpu_keeps_every_clear_decision(exported
     build_cuda_engine(exported, engine, "--gated-delta-kernel", kernel, "--precision", "bf16", "--merged-projections", *fp16)
     for graph in ("prefill", "continue"):
         model = onnx.load(str(engine / f"{graph}.onnx"))
-        emulated = _emulated(gated_delta_net_emulated(model, "fp16") if kernel == "GatedDeltaNet" else model, engine)
+        emulated = bfloat16_emulated(gated_delta_net_emulated(model, "fp16") if kernel == "GatedDeltaNet" else model, engine)
         onnx.save(emulated, str(engine / f"{graph}.onnx"))
     report = validate_on_the_cpu(engine, tiny_vela, tmp_path / "report.json")
     summary = report["summary"]

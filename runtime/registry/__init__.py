@@ -53,6 +53,12 @@ class Member:
             extra={key: value for key, value in entry.items() if key not in known},
         )
 
+    def consents_to(self, copy: str, device: str) -> bool:
+        """Whether the entry lets a reduced copy (``fp8``) of the member serve ``max_speed`` on ``device``:
+        ``"reduced_copies": {"fp8": ["cuda"]}`` (``s1omni.runtime.reduced_copy``)."""
+        copies = self.extra.get("reduced_copies")
+        return isinstance(copies, dict) and isinstance(copies.get(copy), list) and device in copies[copy]
+
     def to_dict(self) -> dict[str, Any]:
         out = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "extra"}
         return {**out, **self.extra}

@@ -221,7 +221,8 @@ def write(out: str | Path, size_name: str = "tiny", seed: int = 0, max_length: i
         max_input_tokens=max_length,
         licence="apache-2.0",
         synthetic=True,
-        extra={"weights": "random", "size": size_name, "seed": seed},
+        # A copy may be tried on the GPU; its consent gate decides (s1omni.runtime.reduced_copy).
+        extra={"weights": "random", "size": size_name, "seed": seed, "reduced_copies": {"fp8": ["cuda"]}},
     )
 
 

@@ -296,7 +296,7 @@ def test_a_model_that_never_loads_stops_the_server(s1omni_home: Path, omnijev_pa
     assert done.stderr.strip().splitlines()[-1].startswith("s1omni serve: ") and "no registry entry" in done.stderr
 
 
-@pytest.mark.parametrize("option", [["--max-queue", "4"], ["--profiles", "batching"]])
+@pytest.mark.parametrize("option", [["--max-queue", "4"], ["--profiles", "batching"], ["--profiles", "max_speed"], ["--reduced-copy", "copy"]])
 def test_vela_only_options_are_refused(omnijev_package: Path, option: list[str]) -> None:
     command = [str(S1OMNI), "serve", str(omnijev_package), *option]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60)
