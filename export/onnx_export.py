@@ -84,7 +84,7 @@ from .layer_stamp import stamp_layers, template_types
 from .onnx_check import LENGTHS, Expected, check_graphs, reference_outputs
 from .naming import RECURRENCES, graph_file
 from .patches import ContinueForward, PrefillForward, explicit_state_forward, state_names
-from .workers import worker_count, workers
+from .workers import share, worker_count
 
 T = TypeVar("T")
 
@@ -465,24 +465,24 @@ def prefill_names(embeds: bool) -> list[str]:
 
 def build_graphs(jobs: list[GraphJob]) -> list[dict[str, Binding]]:
     """Every job's graph, side by side in worker processes (tracing is single-threaded Python), one per
-    core this process may run on (``s1omni.export.workers``)."""
+    core this process may run on, this process among them where there are no more cores than jobs
+    (``s1omni.export.workers``)."""
     return build_graphs_beside(jobs, lambda: None)[0]
 
 
 def build_graphs_beside(jobs: list[GraphJob], meanwhile: Callable[[], T]) -> tuple[list[dict[str, Binding]], T]:
-    """``build_graphs``, and ``meanwhile()`` run here while the workers trace (its torch threads on the
-    cores they leave); both results."""
-    with workers(len(jobs)) as pool:
-        if pool is None:
-            return [build_graph(job) for job in jobs], meanwhile()
-        traced = [pool.submit(build_graph, job) for job in jobs]
+    """``build_graphs``, and ``meanwhile()`` run here while the workers trace, before this process traces
+    any (its torch threads on the cores they leave); both results."""
+
+    def beside() -> T:
         threads = torch.get_num_threads()
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - worker_count(len(jobs))))
         try:
-            result = meanwhile()
+            return meanwhile()
         finally:
             torch.set_num_threads(threads)
-        return [future.result() for future in traced], result
+
+    return share(build_graph, jobs, beside)
 
 
 def node_count(model: onnx.ModelProto) -> int:
