@@ -45,7 +45,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -84,7 +84,7 @@ from .layer_stamp import stamp_layers, template_types
 from .onnx_check import LENGTHS, Expected, check_graphs, reference_outputs
 from .naming import RECURRENCES, graph_file
 from .patches import ContinueForward, PrefillForward, explicit_state_forward, state_names
-from .workers import worker_count, workers
+from .workers import share, worker_count
 
 T = TypeVar("T")
 
@@ -273,6 +273,13 @@ def quiet_third_party() -> Iterator[None]:
             logging.getLogger(name).removeFilter(drop)
 
 
+def without_fake_tensor_cache() -> AbstractContextManager[None]:
+    """Fake tensor modes created in the block dispatch every op rather than look its output up: with
+    symbolic shapes, the cache's keys and the outputs it rebuilds cost more than the meta kernels they
+    save (the tiny member's four graphs take 42 s of CPU without it, 48 s with it, and are the same graphs)."""
+    return torch._dynamo.config.patch(fake_tensor_cache_enabled=False)
+
+
 def trace(module: nn.Module, args: tuple[torch.Tensor, ...], shapes: tuple[Any, ...], recurrence: str) -> torch.export.ExportedProgram:
     """``torch.export`` with the state-explicit mixers installed; a guard that narrows an axis fails here."""
     with (
@@ -281,6 +288,8 @@ def trace(module: nn.Module, args: tuple[torch.Tensor, ...], shapes: tuple[Any, 
         explicit_state_forward(module.model, recurrence),
         # Size-oblivious reasoning: an axis of size 1 is not a special case (one token, one chunk, one row).
         torch.fx.experimental._config.patch(backed_size_oblivious=True),
+        # The program keeps the fake tensor mode this creates, so ``to_onnx``'s passes run without the cache too.
+        without_fake_tensor_cache(),
     ):
         return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
 
@@ -456,24 +465,24 @@ def prefill_names(embeds: bool) -> list[str]:
 
 def build_graphs(jobs: list[GraphJob]) -> list[dict[str, Binding]]:
     """Every job's graph, side by side in worker processes (tracing is single-threaded Python), one per
-    core this process may run on (``s1omni.export.workers``)."""
+    core this process may run on, this process among them where there are no more cores than jobs
+    (``s1omni.export.workers``)."""
     return build_graphs_beside(jobs, lambda: None)[0]
 
 
 def build_graphs_beside(jobs: list[GraphJob], meanwhile: Callable[[], T]) -> tuple[list[dict[str, Binding]], T]:
-    """``build_graphs``, and ``meanwhile()`` run here while the workers trace (its torch threads on the
-    cores they leave); both results."""
-    with workers(len(jobs)) as pool:
-        if pool is None:
-            return [build_graph(job) for job in jobs], meanwhile()
-        traced = [pool.submit(build_graph, job) for job in jobs]
+    """``build_graphs``, and ``meanwhile()`` run here while the workers trace, before this process traces
+    any (its torch threads on the cores they leave); both results."""
+
+    def beside() -> T:
         threads = torch.get_num_threads()
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - worker_count(len(jobs))))
         try:
-            result = meanwhile()
+            return meanwhile()
         finally:
             torch.set_num_threads(threads)
-        return [future.result() for future in traced], result
+
+    return share(build_graph, jobs, beside)
 
 
 def node_count(model: onnx.ModelProto) -> int:

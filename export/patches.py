@@ -41,7 +41,7 @@ attention, MLP and norms work per token and never see padded keys.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -50,7 +50,7 @@ from types import MethodType
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._higher_order_ops.scan import scan
+from torch._higher_order_ops.scan import scan_op
 from transformers.activations import ACT2FN
 from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb, eager_attention_forward, l2norm, repeat_kv
 
@@ -184,6 +184,22 @@ def unit_lower_inverse(system: torch.Tensor) -> torch.Tensor:
         inverse = inverse - inverse @ (lower * joins(width)) @ inverse
         width *= 2
     return inverse
+
+
+def scan(
+    step: Callable[..., tuple[torch.Tensor, torch.Tensor]], init: torch.Tensor, xs: Sequence[torch.Tensor], *operands: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``step(carry, xs[t], *operands) -> (carry, out)`` over the first axis of ``xs``: the final carry and
+    every step's output, stacked. torch's ``scan`` operator called directly: ``torch._higher_order_ops.scan``'s
+    wrapper first compiles the call with dynamo only to find the step's free tensors (1.6 of the 6 s the tiny
+    member's portable prefill took to trace), which are passed here as ``operands``; the trace is the same."""
+    count = len(xs)
+
+    def flat(carry: torch.Tensor, *rest: torch.Tensor) -> list[torch.Tensor]:
+        return list(step(carry, tuple(rest[:count]), *rest[count:]))
+
+    carry, out = scan_op(flat, [init], list(xs), operands)
+    return carry, out
 
 
 def _chunk_step(recurrent: torch.Tensor, chunk: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -366,11 +382,13 @@ def gated_delta_net_forward(
 
 
 def _query_chunk_step(
-    carry: torch.Tensor, chunk: tuple[torch.Tensor, torch.Tensor], keys: KeyMask, key_t: torch.Tensor, value: torch.Tensor, scaling: float
+    carry: torch.Tensor, chunk: tuple[torch.Tensor, torch.Tensor], key_t: torch.Tensor, valid: torch.Tensor, order: torch.Tensor,
+    value: torch.Tensor, scaling: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One chunk of queries over every key (the ``Scan`` body): HF's eager attention, its mask built for these rows only.
-    ``key_t`` is the keys transposed once for all chunks ``[B, H, D, T]``."""
+    ``key_t`` is the keys transposed once for all chunks ``[B, H, D, T]``; ``valid`` and ``order`` the ``KeyMask``'s."""
     query, steps = chunk
+    keys = KeyMask(valid, order)
     weights = torch.matmul(query, key_t) * scaling + keys.bias(steps)
     weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
     return carry.clone(), torch.matmul(weights, value)
@@ -390,8 +408,10 @@ def chunked_attention(
     chunks, pad_size = _chunk_count(length, size)
     query = F.pad(query, (0, 0, 0, pad_size)).reshape(batch, heads, chunks, size, head_dim).movedim(2, 0)
     steps = torch.arange(chunks * size, device=query.device).reshape(chunks, size)
-    step = partial(_query_chunk_step, keys=keys, key_t=key.transpose(2, 3), value=value, scaling=module.scaling)
-    _, out = scan(step, query.new_zeros(()), (query, steps))
+    key_t = key.transpose(2, 3)
+    # The step's operands in the order the step reads them, as dynamo's capture ordered them (the graph is the same).
+    step = partial(_query_chunk_step, scaling=module.scaling)
+    _, out = scan(step, query.new_zeros(()), (query, steps), key_t, keys.valid, keys.order, value)
     return _unchunked(out, batch, heads, chunks, size, pad_size)
 
 
