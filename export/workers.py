@@ -18,6 +18,7 @@ free first, so the longer ones given first end side by side.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import multiprocessing
 import os
@@ -46,6 +47,10 @@ def worker_count(jobs: int) -> int:
 
 def _import_exporter() -> None:
     importlib.import_module(EXPORTER)
+    # What was imported lives as long as the worker: kept out of the collector's passes, which would
+    # otherwise walk torch's and transformers' objects on every full collection while tracing, and
+    # once more when the worker exits.
+    gc.freeze()
 
 
 def _spawned(count: int) -> ProcessPoolExecutor:
