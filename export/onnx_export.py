@@ -19,7 +19,7 @@ own capture would instead narrow the dynamic axes silently (to lengths 64k + 6, 
 The graph depends on the member's config, not on its weight values, so each graph is traced from
 a model on the ``meta`` device: no copy of the weights is made while tracing, and the graphs
 (prefill and continue, per recurrence) are traced side by side in worker processes, one per CPU
-core. Only three layers are traced, whatever the member's depth: the rest are stamped from them
+core (this process one of them where there are no more cores than graphs). Only three layers are traced, whatever the member's depth: the rest are stamped from them
 before the optimiser runs (``s1omni.export.layer_stamp``), which leaves the optimiser's pass over
 the whole graph as the one cost that grows with the layers. The weights the optimiser folds by
 value (small ones) go to the trace; every larger weight is a placeholder there
