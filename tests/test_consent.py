@@ -112,7 +112,8 @@ def cpu_registry(tiny_vela: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     """The session registry with the tiny member consenting to an fp8 copy on the CPU too (the emulated copy's device)."""
     path = tmp_path_factory.mktemp("registry") / "registry.json"
     shutil.copyfile(user_registry(), path)
-    tiny = next(member for member in Registry.load(path) if member.synthetic and member.extra.get("size") == "tiny")
+    name = json.loads((tiny_vela / "config.json").read_text(encoding="utf-8"))["model_name"]  # the suite holds other tiny members too
+    tiny = next(member for member in Registry.load(path) if member.name == name)
     write_entry(path, Member.from_dict({**tiny.to_dict(), "reduced_copies": {"fp8": ["cuda", "cpu"]}}))
     return path
 

@@ -23,7 +23,8 @@ def _weights(directory: Path) -> Path:
     shared = SharedWeights(directory)
     large = np.arange(ALIGNMENT // 2, dtype=np.float32)  # 128 KiB: starts on an aligned offset
     for key, values in ((Binding("small"), np.ones(3, np.float32)), (Binding("large"), large), (Binding("small"), None)):
-        shared.place(TensorProto(name=key.weight), key, values)
+        dims = [3] if key.weight == "small" else [large.size]
+        shared.place(TensorProto(name=key.weight, data_type=TensorProto.FLOAT, dims=dims), key, values)
     shared.finish()
     return shared.files[0].path
 
