@@ -39,7 +39,7 @@ def test_rounding_is_torch_s_bfloat16_nearest_even() -> None:
 
 
 def _rounded(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
-    return torch.from_numpy(numpy_helper.to_array(tensor, base_dir=str(directory))).to(torch.bfloat16).to(torch.float32).numpy()
+    return torch.from_numpy(np.array(numpy_helper.to_array(tensor, base_dir=str(directory)))).to(torch.bfloat16).to(torch.float32).numpy()
 
 
 def _parts(model: onnx.ModelProto, source: onnx.ModelProto) -> dict[str, list[onnx.TensorProto]]:
