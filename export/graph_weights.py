@@ -27,6 +27,7 @@ from onnxscript.optimizer._constant_folding import DEFAULT_CONSTANT_FOLD_INPUT_S
 from safetensors import safe_open
 from torch import nn
 
+from s1omni.runtime.cpu_heads import torch_on_one_thread
 from s1omni.runtime.digest import StreamDigest, record_written
 
 from .naming import ALIGNMENT
@@ -111,15 +112,16 @@ class _Converter:
     0.57 GB/s of output; blocks of 128 source rows copied into the transposed output's columns 1.9 GB/s
     on one thread; the H200 export of the 4B spent 11.8 of its 21.9 s of writing in the former, and
     writes in 10.9 s with this (with several weights files, ``SharedWeights``). Each
-    thread runs torch on one thread of its own (``set_num_threads`` is per thread): a copy this large
-    would otherwise start an OpenMP team from every pool thread, and the cores are oversubscribed
-    (0.14 GB/s)."""
+    pool thread runs its copies with torch inline on it (``cpu_heads.torch_on_one_thread``): a copy
+    this large would otherwise start an OpenMP team from every pool thread, and the cores are
+    oversubscribed (0.14 GB/s). Not ``torch.set_num_threads(1)``, which also sets the count every
+    thread started later adopts."""
 
     BLOCK_ROWS = 128
 
     def __init__(self, threads: int):
         self.threads = threads
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="weights", initializer=torch.set_num_threads, initargs=(1,))
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="weights")
 
     def __enter__(self) -> _Converter:
         return self
@@ -140,12 +142,13 @@ class _Converter:
         starts = range(0, weight.shape[0], self.BLOCK_ROWS)
 
         def copy(rows: list[int]) -> None:
-            for start in rows:
-                block = slice(start, start + self.BLOCK_ROWS)
-                if transposed:
-                    out[:, block].copy_(weight[block].t())
-                else:
-                    out[block].copy_(weight[block])
+            with torch_on_one_thread():
+                for start in rows:
+                    block = slice(start, start + self.BLOCK_ROWS)
+                    if transposed:
+                        out[:, block].copy_(weight[block].t())
+                    else:
+                        out[block].copy_(weight[block])
 
         # Contiguous runs of blocks, one a thread: a task each rather than one a block.
         runs = [[int(start) for start in run] for run in np.array_split(np.asarray(starts), min(self.threads, len(starts)))]

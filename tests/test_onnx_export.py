@@ -282,6 +282,25 @@ def test_weights_are_bound_in_float32_as_torch_converts_and_transposes_them(shap
         assert numpy_helper.to_array(graph.graph.initializer[0]).tobytes() == expected.numpy().tobytes()
 
 
+def _new_threads_torch_count() -> int:
+    import threading
+
+    counts: list[int] = []
+    thread = threading.Thread(target=lambda: counts.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    return counts[0]
+
+
+def test_converting_weights_leaves_torch_its_threads() -> None:
+    """The row-block copies run torch inline on their pool threads, without changing the thread count
+    that threads started afterwards take (a torch reference run after an export's weights, say)."""
+    matrix = torch.randn((300, 7), generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    before = _new_threads_torch_count()
+    bind_weights(_placeholder_graph(7, 300), {"w": Binding("proj", (1, 0))}, _Weights(proj=matrix), None)
+    assert _new_threads_torch_count() == before
+
+
 @pytest.mark.parametrize(
     ("bindings", "weights", "message"),
     [
