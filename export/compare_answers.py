@@ -135,7 +135,8 @@ def _margin(probabilities: dict[str, float]) -> float:
     return ranked[0] - ranked[1] if len(ranked) > 1 else 1.0
 
 
-def _argmax(probabilities: dict[str, float]) -> str:
+def most_probable(probabilities: dict[str, float]) -> str:
+    """A score's decision: its most probable level (the first of equal ones)."""
     return max(probabilities, key=lambda key: probabilities[key])
 
 
@@ -180,7 +181,7 @@ def compare(reference: dict[str, Any], engine: dict[str, Any], margin: float) ->
         elif ref["type"] == "score":
             _levels(comparison, key, ref["probabilities"], got.get("probabilities"))
             comparison.score(ref["score"], got.get("score"), f"{key}.score")
-            want, have = _argmax(ref["probabilities"]), _argmax(got["probabilities"])
+            want, have = most_probable(ref["probabilities"]), most_probable(got["probabilities"])
             comparison.decision(want == have, _margin(ref["probabilities"]), _flip(ref["probabilities"], want, have),
                                 f"{key}: level {have} != {want}")  # fmt: skip
         else:

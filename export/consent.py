@@ -39,6 +39,7 @@ from s1omni.runtime.errors import UsageError
 from s1omni.runtime.reduced_copy import CONSENT_GATE, REDUCED_PRECISIONS, engine_pins
 from s1omni.runtime.registry import Registry
 
+from .compare_answers import most_probable
 from .reference import load_cases
 
 ROUNDS = 3
@@ -54,8 +55,7 @@ def decisions(response: dict[str, Any]) -> dict[str, dict[str, Any]]:
         elif answer["type"] == "choice":
             out["choice"][key] = answer["choice"]
         elif answer["type"] == "score":
-            levels = answer["probabilities"]
-            out["score"][key] = max(levels, key=lambda level: levels[level])
+            out["score"][key] = most_probable(answer["probabilities"])
         else:
             out["noul"][key] = answer["noul"] > 0.5
     for key, answer in response.get("sets", {}).items():
