@@ -22,6 +22,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "--precision fp8), at the consent gate against it, in the same run (every answer type's decisions >= 99%% "
                         "unchanged and faster), and record the verdict in its manifest; only a granted copy serves max_speed")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=None, metavar="N", help="with --exact: timed passes over the cases (default 3)")
+    parser.add_argument("--merged", type=int, default=None, metavar="N", help="instead of validating: run every case alone, then "
+                        "N cases to a forward (as batching merges requests), and judge merged against alone at the device's "
+                        "fixed gate (cpu-fp32 or gpu); the verdict goes to the engine's manifest (Vela 2.0)")  # fmt: skip
     add_registry(parser)
     add_json(parser)
     add_quiet(parser)
@@ -34,11 +37,13 @@ def run(args: argparse.Namespace) -> int:
 
     from s1omni.export.validate import validate
     from s1omni.runtime.engine import read_manifest
-    from s1omni.runtime.errors import GateMissed
+    from s1omni.runtime.errors import GateMissed, UsageError
     from s1omni.runtime.reduced_copy import REDUCED_PRECISIONS
 
     if args.registry:
         os.environ["S1OMNI_REGISTRY"] = args.registry
+    if args.merged is not None:
+        return _merged(args)
     if args.exact or read_manifest(args.engine).get("precision") in REDUCED_PRECISIONS:
         return _consent(args)
     if args.rounds is not None:
@@ -73,4 +78,17 @@ def _consent(args: argparse.Namespace) -> int:
     emit(args, {"engine": args.engine, "consent": consent}, None)  # the verdict was printed
     if not consent["granted"]:
         raise GateMissed(f"{args.engine} was refused its consent; max_speed will not serve it")
+    return 0
+
+
+def _merged(args: argparse.Namespace) -> int:
+    from s1omni.export.merged_check import run_merged
+    from s1omni.runtime.errors import GateMissed, UsageError
+
+    if args.exact or args.rounds is not None or args.package or args.reference or args.reference_device:
+        raise UsageError("--merged judges the engine against itself: it takes --cases and --report only")
+    report = run_merged(args.engine, args.merged, args.cases, args.report)
+    emit(args, {"engine": args.engine, "merged": report}, None)  # the verdict was printed
+    if not report["passed"]:
+        raise GateMissed(f"{args.engine}: its answers merged {args.merged} to a forward missed the {report['gate']['name']} gate of its answers alone")
     return 0

@@ -76,6 +76,11 @@ def record_consent(path: Path, consent: dict[str, Any]) -> None:
     _replace_manifest(path, {**read_manifest(path), "consent": consent})
 
 
+def record_merged(path: Path, merged: dict[str, Any]) -> None:
+    """Store the verdict on the engine's merged forwards against its forwards alone (``s1omni.export.merged_check``)."""
+    _replace_manifest(path, {**read_manifest(path), "merged": merged})
+
+
 def _replace_manifest(path: Path, manifest: dict[str, Any]) -> None:
     manifest = {**manifest, "format": FORMAT}
     temporary = path / f".{MANIFEST}.tmp"

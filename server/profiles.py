@@ -7,7 +7,8 @@ alone, so that its answers never depend on what else the server is running. ``ba
 and approximate: the scheduler merges the plans of concurrent ``batching`` requests into one
 forward within its batching window (``Limits``), so a request's prefix may be left-padded to a
 wider one of another request; its answers stay within the engine's gate of ``exact`` (the same
-decisions; on the CPU float32 engine, probabilities within 1e-5), not byte for byte. A server runs
+decisions; on the CPU float32 engine, probabilities within 1e-5), not byte for byte; ``s1omni validate ENG
+--merged N`` holds an engine's merged forwards to its forwards alone (``s1omni.export.merged_check``). A server runs
 ``exact`` and the profiles it was started with (``s1omni serve --profiles batching``); the card of
 ``GET /v1/models`` lists them, and a request for any other is 400 ``invalid_request``.
 

@@ -1,0 +1,93 @@
+"""``s1omni validate ENG --merged N``: an engine's answers for requests merged into one forward, held to its
+own answers for each request alone.
+
+This is what the ``batching`` profile does to a request (``s1omni.server.profiles``): the scheduler hands
+``model.forward`` the plans of concurrent requests together, so a prefix is left-padded to the widest of the
+forward and the blocks of several requests share continue calls. Each calibration case is planned once, run
+alone (``forward([plan])``, as ``exact`` runs it) and then in forwards of ``N`` consecutive cases, cases of
+different widths side by side; heads and finish are the engine's own either way. The gate judging merged
+against alone is the engine's fixed one for its device (``calib/<family>/gates.json``): ``cpu-fp32`` on the CPU
+(every decision, probabilities within 1e-5, hidden states within 5e-5 relative L2), ``gpu`` on CUDA (clear
+decisions identical, probabilities within 0.02, hidden states within 1e-3): merging may move an answer no more
+than a float32 GPU engine may move from the reference, whatever the engine's precision. Ties are the gate's
+(``s1omni.export.compare_answers``). The verdict goes to the engine's manifest (``merged``); it does not gate
+serving, which stands on the engine's validation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from s1omni.calib import CALIB
+from s1omni.runtime import progress
+from s1omni.runtime.engine import load_engine_model, read_manifest, record_merged
+from s1omni.runtime.errors import UsageError
+
+from .families import export_family
+from .gate import CaseRecord, judge, load_gates
+from .reference import layout_digest, load_cases
+
+GATE_ON = {"cpu": "cpu-fp32", "cuda": "gpu"}  # the device's fixed gate judges merged against alone
+MERGING_FAMILIES = ("vela2",)  # the families whose requests merge (``batching``)
+
+
+def _records(model: Any, cases: Sequence[dict[str, Any]], plans: Sequence[Any], hidden: Sequence[Any]) -> list[CaseRecord]:
+    """The gate's view of each case from the hidden states ``model.forward`` gave its plan."""
+    records = []
+    for case, plan, states in zip(cases, plans, hidden, strict=True):
+        rows = [block for tree in states for block in tree]
+        tensors = {"hidden": np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, 0), np.float32)}
+        response = model.finish(plan, model.readout(plan, states))
+        records.append(CaseRecord(case["name"], layout_digest(plan), response, tensors, response["usage"]["input_tokens"]))
+    return records
+
+
+def judge_merged(family: str, device: str, alone: list[CaseRecord], merged: list[CaseRecord]) -> dict[str, Any]:
+    """The verdict on ``merged`` against ``alone`` (the same cases, in order) at the device's fixed gate."""
+    name = GATE_ON[device]
+    gate = load_gates(family)[name]
+    verdict = judge(name, gate, export_family(family).cases.compare, alone, merged)
+    return {**verdict, "gate": {"name": name, "version": gate["version"], "rule": gate["rule"]}}
+
+
+def run_merged(engine_dir: str | Path, group: int, cases_path: str | Path | None = None, report_path: str | Path | None = None) -> dict[str, Any]:
+    """Run every case alone and then ``group`` to a forward, judge, print and record the verdict; the verdict."""
+    if group < 2:
+        raise UsageError("--merged takes the number of cases merged into one forward, at least 2")
+    engine_dir = Path(engine_dir)
+    manifest = read_manifest(engine_dir)
+    family = manifest["family"]
+    if family not in MERGING_FAMILIES:
+        raise UsageError(f"{family} requests are never merged (only Vela 2.0's batching merges them): there is nothing to check")
+    model = load_engine_model(engine_dir, allow_unvalidated=True)
+    cases = load_cases(cases_path or CALIB / family)
+    plans = [model.plan(case["request"]) for case in cases]
+    alone = [model.forward([plan])[0] for plan in progress.Counted(plans, "cases alone", "case")]
+    merged: list[Any] = []
+    starts = range(0, len(plans), group)
+    for start in progress.Counted(starts, f"forwards of {group} cases", "forward"):
+        merged += model.forward(plans[start : start + group])
+    verdict = judge_merged(family, model.device, _records(model, cases, plans, alone), _records(model, cases, plans, merged))
+    report = {"passed": verdict["passed"], "gate": verdict["gate"], "group": group, "cases": len(cases),
+              "failures": verdict["failures"], "summary": verdict["summary"], "figures": verdict["figures"]}  # fmt: skip
+    print_merged(report)
+    if report_path:
+        Path(report_path).write_text(json.dumps({**report, "table": verdict["table"]}, indent=1) + "\n", encoding="utf-8")
+    record_merged(engine_dir, report)
+    return report
+
+
+def print_merged(report: dict[str, Any]) -> None:
+    summary = report["summary"]
+    progress.note(
+        f"merged {report['group']} to a forward against alone, {report['cases']} cases: decisions {summary['decisions']}, "
+        f"span sets {summary['span_sets']}, max |dp| {summary['max_probability']:.3g}, hidden relative L2 {summary['hidden_rel_l2']:.3g}, "
+        f"{summary['ties']} ties"
+    )
+    verdict = f"{'PASSED' if report['passed'] else 'FAILED'} gate {report['gate']['name']} (merged against alone)"
+    progress.note(verdict + "".join(f"\n  {failure}" for failure in report["failures"]))

@@ -1,0 +1,72 @@
+"""``s1omni validate ENG --merged N``: an engine's answers with requests merged into one forward, against alone."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from s1omni.calib import CALIB
+from s1omni.export.merged_check import _records, judge_merged
+from s1omni.export.reference import load_cases
+from s1omni.runtime.engine import load_engine_model, read_manifest
+from tests.cli import run_s1omni
+
+# Prefixes of different widths (one token, a few hundred, 722), so that merging left-pads them to the widest.
+MERGED_CASES = ("prefix-one-token", "golden", "router-signals-600", "scan-budget")
+
+
+@pytest.fixture(scope="module")
+def four_cases(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cases = [case for case in load_cases(CALIB / "vela2") if case["name"] in MERGED_CASES]
+    assert len(cases) == len(MERGED_CASES)
+    path = tmp_path_factory.mktemp("cases") / "cases.json"
+    path.write_text(json.dumps({"cases": cases}), encoding="utf-8")
+    return path
+
+
+def test_the_cpu_engine_answers_merged_requests_as_it_answers_each_alone(cpu_engine: Path, four_cases: Path, tmp_path: Path) -> None:
+    engine = tmp_path / "engine"
+    shutil.copytree(cpu_engine, engine)  # the session's engine is shared: its manifest stays as it is
+    result = run_s1omni("validate", str(engine), "--merged", "4", "--cases", str(four_cases), "--report", str(tmp_path / "merged.json"))
+    assert result.returncode == 0, result.stderr
+    assert "PASSED gate cpu-fp32 (merged against alone)" in result.stderr
+    report = json.loads((tmp_path / "merged.json").read_text(encoding="utf-8"))
+    recorded = read_manifest(engine)["merged"]
+    assert recorded == {key: value for key, value in report.items() if key != "table"}
+    assert (report["passed"], report["group"], report["cases"], report["gate"]["name"]) == (True, 4, 4, "cpu-fp32")
+    summary = report["summary"]
+    same, total = map(int, summary["decisions"].split("/"))
+    assert same == total > 0 and summary["layouts_identical"] and summary["usage_identical"]
+    assert summary["max_probability"] <= 1e-5 and summary["hidden_rel_l2"] <= 5e-5
+    assert read_manifest(engine)["validation"] == read_manifest(cpu_engine)["validation"]  # validation untouched
+
+
+def test_merged_answers_that_are_not_the_cases_own_fail(cpu_engine: Path, four_cases: Path) -> None:
+    """The check can fail: each case's merged record swapped for its neighbour's answers and states."""
+    model = load_engine_model(cpu_engine, allow_unvalidated=True)
+    cases = load_cases(four_cases)[:2]
+    plans = [model.plan(case["request"]) for case in cases]
+    alone = _records(model, cases, plans, [model.forward([plan])[0] for plan in plans])
+    merged = _records(model, cases, plans, model.forward(plans))
+    assert judge_merged("vela2", "cpu", alone, merged)["passed"]
+    swapped = [replace(merged[0], answers=merged[1].answers, tensors=merged[1].tensors),
+               replace(merged[1], answers=merged[0].answers, tensors=merged[0].tensors)]  # fmt: skip
+    verdict = judge_merged("vela2", "cpu", alone, swapped)
+    assert not verdict["passed"] and any(failure.startswith(f"case {cases[0]['name']}") for failure in verdict["failures"])
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--merged", "1"), "at least 2"),
+        (("--merged", "2", "--exact", "X"), "takes --cases and --report only"),
+        (("--rounds", "2"), "--rounds is for the consent gate"),
+    ],
+)
+def test_merged_and_rounds_misused_are_usage_errors(cpu_engine: Path, extra: tuple[str, ...], message: str) -> None:
+    result = run_s1omni("validate", str(cpu_engine), *extra)
+    assert result.returncode == 2 and message in result.stderr
