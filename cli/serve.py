@@ -40,6 +40,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"default {DEFAULT_PORT}; 0 picks a free port (the log names it)")
     add_registry(parser)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model runs (default cpu)")
+    parser.add_argument("--instances", type=int, default=defaults.instances, metavar="N",
+                        help="copies of the model loaded side by side, each with its own worker, so that N forwards run at once "
+                        "(on a GPU, each holds its own copy of the engine; default 1)")  # fmt: skip
     parser.add_argument("--drain-timeout", type=float, default=defaults.drain_timeout_s, metavar="S", help="on SIGTERM, the longest wait for requests in flight")
     parser.add_argument("--body-timeout", type=float, default=defaults.body_timeout_s, metavar="S", help="the longest a request's body may take to arrive (then 400)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info", help="default info")
@@ -137,6 +140,7 @@ def _config(args: argparse.Namespace) -> ServeConfig:
         body_timeout_s=args.body_timeout,
         drain_timeout_s=args.drain_timeout,
         profiles=enabled(args.profiles or ()),
+        instances=args.instances,
         **body,
     )
 
@@ -160,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("serve a package or an --engine, not both ($S1OMNI_PACKAGE and $S1OMNI_ENGINE count too)")
     if not args.body_timeout > 0:
         raise UsageError(f"--body-timeout must be > 0 seconds, not {args.body_timeout:g}")
+    if args.instances < 1:
+        raise UsageError(f"--instances takes a count >= 1, not {args.instances}")
     config = _config(args)  # refuses an unknown profile before anything loads
     configure_logging(args.log_level, args.log_format)
     path = args.package or args.engine

@@ -6,8 +6,8 @@
 # On a machine with one CUDA GPU and this package importable (the lent H200: python3 with torch,
 # transformers and onnx, plus onnxruntime-gpu 1.31.1, polygraphy, starlette, uvicorn, prometheus_client
 # and python-json-logger). STEPS is a comma-separated subset of synth,export,build,validate,bench
-# (default: all, in that order), so a run can be split over several calls of a machine that keeps /tmp
-# between them:
+# (default: all, in that order; merged is asked for by name), so a run can be split over several calls of a
+# machine that keeps /tmp between them:
 #
 #   synth     a synthetic Vela member of SIZE (0.8B, 4B, 9B; random weights, real shapes)
 #   export    its backbone to ONNX, fused Gated DeltaNet graphs only ($RECURRENCE=both for the Scan graphs
@@ -18,13 +18,16 @@
 #             with --no-op-fusion, "/graphs" with --cuda-graphs, "/gdn16" with --gated-delta-inputs fp16, "/merged" with --merged-projections,
 #             e.g. fp32/graphs; a bf16 before/after run: PRECISIONS=bf16/graphs,bf16/graphs/gdn16,bf16/graphs/gdn16/merged)
 #   validate  each engine at the GPU gate against the float32 torch reference on the same GPU
+#   merged    each engine's merged forwards against its forwards alone (s1omni validate --merged $MERGED, 8 by
+#             default), at the GPU gate: what the batching profile does
 #   bench     the validated engines against the BF16 torch reference in the same run (timed twice
 #             where flash-linear-attention imports: the torch fallback and reference+fla, its Triton
 #             kernels; ratios against the faster); over HTTP too when $HTTP lists concurrency levels
-#             (e.g. HTTP=1,8,16; the requests' profile $HTTP_PROFILE, exact by default); ALLOW_UNVALIDATED=1 times engines that missed their gate (in
-#             process only: the server refuses them)
+#             (e.g. HTTP=1,8,16; the requests' profile $HTTP_PROFILE, exact by default; $SERVE_ARGS, space-separated,
+#             go to every server, e.g. SERVE_ARGS=--instances=2); ALLOW_UNVALIDATED=1 times engines that missed their
+#             gate (in process only: the server refuses them)
 #
-# Results land in OUT: validate-SIZE-KERNEL[-PRECISION].txt/.json, bench.json, bench.png and the logs.
+# Results land in OUT: validate-SIZE-KERNEL[-PRECISION].txt/.json, merged-SIZE-....txt/.json, bench.json, bench.png and the logs.
 #
 # Wall time on the lent H200 (16 cores): synth 0.8B 26 s, 9B 106 s; export 0.8B 57 s, 4B 72-77 s, 9B 92 s
 # (benchmarks/README.md, "Export times on the H200"); build 4B 159 s, 9B 310 s; validate 9B 90 s with a
@@ -100,7 +103,7 @@ if wants build; then
     precision=${variant#*:} flags=()
     if has "$precision" unfused; then flags+=(--no-op-fusion); fi
     if has "$precision" graphs; then flags+=(--cuda-graphs); else flags+=(--no-cuda-graphs); fi  # graphs are the build default
-    # Explicit either way (fp16 is the bf16 builds' default), so a variant's name says what it built.
+    # Explicit either way, so a variant's name says what it built.
     if has "$precision" gdn16; then flags+=(--gated-delta-inputs fp16); else flags+=(--gated-delta-inputs fp32); fi
     if has "$precision" merged; then flags+=(--merged-projections); fi
     s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "${variant%:*}" --precision "${precision%%/*}" \
@@ -117,12 +120,21 @@ if wants validate; then
     tail -n 4 "$report.txt"
   done
 fi
+if wants merged; then
+  for variant in "${variants[@]}"; do
+    stamp "merged $(name "$variant")"
+    report=$out/merged-$size-$(name "$variant")
+    s1omni validate "$(engine "$variant")" --merged "${MERGED:-8}" --report "$report.json" > "$report.txt" 2> "$report.log" || failed=1
+    tail -n 4 "$report.txt"
+  done
+fi
 if wants bench; then
   stamp "bench"
   engines=()
   for variant in "${variants[@]}"; do engines+=(--engine "$(engine "$variant")"); done
   extra=()
   [ -z "${HTTP:-}" ] || extra=(--http --concurrency "$HTTP" --http-profile "${HTTP_PROFILE:-exact}")
+  for arg in ${SERVE_ARGS:-}; do extra+=("--serve-arg=$arg"); done
   [ -z "${ALLOW_UNVALIDATED:-}" ] || extra+=(--allow-unvalidated)
   s1omni bench --package "$pkg" "${engines[@]}" --device cuda --workloads "${WORKLOADS:-backbone,router,long-span}" \
     --tokens 128,600,2048 --requests "${REQUESTS:-12}" --warmup 2 "${extra[@]}" --profile "${PROFILE:-backbone-128}" \

@@ -23,3 +23,5 @@ class ServeConfig:
     drain_timeout_s: float = 30.0
     # The profiles requests may choose: exact, then those ``s1omni serve --profiles`` enabled (``profiles.enabled``).
     profiles: tuple[str, ...] = (EXACT.name,)
+    # Copies of the model loaded side by side, each with its own worker thread (``s1omni.server.scheduler``).
+    instances: int = 1

@@ -6,9 +6,12 @@ request and its ``states``) or none of it: 429 ``overloaded`` once the jobs woul
 ``max_queue`` or, with anything pending, their tokens ``max_queued_tokens``
 (vllm-project/semantic-router:src/model-runtime/vllm_srun/scheduler/scheduler.py ``submit_group``).
 
-One worker thread owns the model, which is not re-entrant. It takes the oldest job and what may
-share its forward, in arrival order, within one forward's token budget and plan count
-(``max_batch_tokens``, ``max_batch_plans``); what may share it is the job's profile's to say
+Each model instance (``s1omni serve --instances N``: copies of the model on the device, as Triton's
+``instance_group`` count makes them) has one worker thread that owns it: a model is not re-entrant, but
+the forwards of different instances run at once (each ONNX Runtime session on its own CUDA stream), so a
+GPU that one forward leaves partly idle takes another request's forward meanwhile. A worker takes the
+oldest job and what may share its forward, in arrival order, within one forward's token budget and plan
+count (``max_batch_tokens``, ``max_batch_plans``); what may share it is the job's profile's to say
 (``s1omni.server.profiles``):
 
 - ``exact``: the other jobs of its own group only, never another request's, at once: a forward then
@@ -18,9 +21,11 @@ share its forward, in arrival order, within one forward's token budget and plan 
   planned, not yet admitted: ``Arrival``, whatever their profile), so that requests arriving
   together share a forward while a lone request never waits for nobody.
 
-The worker runs only the forward of a batch (``model.forward``): a job's result is its share of
-it, and the heads, finish and encoding of each request run after, off the worker
-(``s1omni.server.families``), while the worker runs the next forward. Nothing per request that
+The worker runs only the forward of a batch (its instance's ``model.forward``): a job's result is its
+share of it, and the heads, finish and encoding of each request run after, off the worker
+(``s1omni.server.families``), while the worker runs the next forward. Which instance ran a job changes
+nothing in its answer: every instance is the same engine, and an ``exact`` forward has the request's
+own shapes on any of them. Nothing per request that
 grows with the batch is left on the worker but the runner's own packing of the batch's inputs.
 
 A job with a deadline is answered ``EXPIRED`` when its deadline passes while it is queued, however
@@ -103,12 +108,24 @@ class Arrival:
 Forward = Callable[[Sequence[Plan]], list[Any]]
 
 
+@dataclass(frozen=True)
+class Instance:
+    """One copy of the model on the device: its forward, and a profile's own forward by the profile's name
+    where that profile runs on another model (``max_speed``: the instance's reduced copy)."""
+
+    forward: Forward
+    forwards: Mapping[str, Forward] = field(default_factory=dict)
+
+    def forward_for(self, profile: Profile) -> Forward:
+        return self.forwards.get(profile.name, self.forward)
+
+
 class Scheduler:
-    def __init__(self, forward: Forward, limits: Limits, metrics: Metrics, forwards: Mapping[str, Forward] | None = None):
-        """``forwards``: a profile's own forward, by its name, where it runs on another model (``max_speed``:
-        the reduced copy); a batch is of one profile, so it runs on one of them."""
-        self._forward = forward
-        self._forwards = dict(forwards or {})
+    def __init__(self, instances: Sequence[Instance], limits: Limits, metrics: Metrics):
+        """One worker thread per instance; a batch is of one profile, so it runs on one model of its instance."""
+        if not instances:
+            raise ValueError("a scheduler needs at least one model instance")
+        self._instances = list(instances)
         self.limits = limits
         self._metrics = metrics
         self._queue: deque[Job] = deque()
@@ -119,20 +136,30 @@ class Scheduler:
         self._closed = False
         self._batches = itertools.count()
         self._groups = itertools.count()
-        self._thread = threading.Thread(target=self._loop, name="s1omni-worker", daemon=True)
+        self._workers = [
+            threading.Thread(target=self._loop, args=(instance,), name=f"s1omni-worker-{index}", daemon=True)
+            for index, instance in enumerate(self._instances)
+        ]
         self._watcher = threading.Thread(target=self._watch_deadlines, name="s1omni-deadlines", daemon=True)
 
+    @property
+    def instances(self) -> int:
+        return len(self._instances)
+
     def start(self) -> None:
-        self._thread.start()
+        for worker in self._workers:
+            worker.start()
         self._watcher.start()
 
     def close(self, timeout: float) -> bool:
-        """Admit nothing more, let the worker answer what is queued and exit; whether it has."""
+        """Admit nothing more, let the workers answer what is queued and exit; whether they have (within ``timeout`` in all)."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        end = time.monotonic() + timeout
+        for worker in self._workers:
+            worker.join(max(0.0, end - time.monotonic()))
+        return not any(worker.is_alive() for worker in self._workers)
 
     def depth(self) -> int:
         """Jobs waiting for the worker."""
@@ -240,7 +267,7 @@ class Scheduler:
         except InvalidStateError:
             pass  # its waiter was cancelled (a forced shutdown); the job still counted until now
 
-    def _loop(self) -> None:
+    def _loop(self, instance: Instance) -> None:
         while (batch := self._take()) is not None:
             now = time.perf_counter()
             runnable = []
@@ -250,19 +277,19 @@ class Scheduler:
                 else:
                     runnable.append(job)
             if runnable:
-                self._run(runnable)
+                self._run(runnable, instance)
 
-    def _run(self, jobs: list[Job]) -> None:
-        """One forward for ``jobs``; if it fails, each job again alone, so only the culprit fails."""
+    def _run(self, jobs: list[Job], instance: Instance) -> None:
+        """One forward for ``jobs`` on ``instance``; if it fails, each job again alone, so only the culprit fails."""
         started = time.perf_counter()
         try:
-            results = self._forwards.get(jobs[0].profile.name, self._forward)([job.plan for job in jobs])
+            results = instance.forward_for(jobs[0].profile)([job.plan for job in jobs])
             if len(results) != len(jobs):
                 raise RuntimeError(f"model.forward answered {len(results)} results for {len(jobs)} plans")
         except Exception as exc:
             if len(jobs) > 1:
                 for job in jobs:
-                    self._run([job])
+                    self._run([job], instance)
                 return
             log.exception("model.forward failed")
             self._answer(jobs[0], error=exc)

@@ -31,7 +31,7 @@ from .config import ServeConfig
 from .families import Family, family_for
 from .metrics import Metrics
 from .profiles import MAX_SPEED, max_speed_entry
-from .scheduler import Arrival, Scheduler
+from .scheduler import Arrival, Instance, Scheduler
 from .timing import Timing
 
 log = logging.getLogger("s1omni.server")
@@ -98,24 +98,25 @@ class Service:
         try:
             self._set("loading", f"loading {self.source.label}")
             started = time.perf_counter()
-            model = self.source.load()
-            if model.family != self.family.name:
-                raise InputError(f"{self.source.label} loaded as a {model.family} model, not {self.family.name}")
-            card = self.family.card(model)
-            forwards = {}
             if (MAX_SPEED.name in self.config.profiles) != (self.source.reduced_copy is not None):
                 raise UsageError("max_speed runs on a reduced copy: enable it with one (--profiles max_speed --reduced-copy COPY), and a copy with it")
-            if self.source.reduced_copy is not None:
-                copy = self.source.reduced_copy()  # GateMissed unless its consent stands
+            instances = [self._instance() for _ in range(self.config.instances)]
+            model = instances[0][0]  # plans, heads and finish run on the first; forwards on each worker's own
+            card = self.family.card(model)
+            copy = instances[0][1]
+            if copy is not None:
                 card["profiles"] = [*card["profiles"], max_speed_entry(self.family.limits, copy.card())]
-                forwards[MAX_SPEED.name] = copy.model.forward
                 log.info("max_speed on the reduced copy %s (consent: %s)", copy.path, copy.card()["consent"])
-            self.scheduler = Scheduler(model.forward, self.family.limits, self.metrics, forwards)
+            golden = model.plan(model.golden_request())
+            for other, _ in instances[1:]:
+                other.forward([golden])  # each further copy warmed (its CUDA graphs captured) before it takes a request
+            self.scheduler = Scheduler([self._forwards(*instance) for instance in instances], self.family.limits, self.metrics)
             self.scheduler.start()
             self.family.bind(model, card, self.scheduler)
             self._card = card
             self.model = model
-            log.info("loaded %s (%s on %s) in %.1f s", model.id, model.engine, model.device, time.perf_counter() - started)
+            log.info("loaded %s (%s on %s, %d instance%s) in %.1f s", model.id, model.engine, model.device,
+                     len(instances), "" if len(instances) == 1 else "s", time.perf_counter() - started)  # fmt: skip
             self._set("warming", "answering the golden request")
             asyncio.run_coroutine_threadsafe(self._warm_up(), loop).result()
             self._set("ready")
@@ -128,6 +129,18 @@ class Service:
             ran_into = isinstance(exc, GateMissed) and cause is not None and not isinstance(cause, (S1omniError, RequestError))
             bug = not isinstance(exc, S1omniError) or ran_into
             log.error("%s cannot be served: %s", self.source.label, exc, exc_info=bug)
+
+    def _instance(self) -> tuple[DecisionModel, ReducedCopy | None]:
+        """One copy of the model (and of its reduced copy, where ``max_speed`` is enabled) on the device."""
+        model = self.source.load()
+        if model.family != self.family.name:
+            raise InputError(f"{self.source.label} loaded as a {model.family} model, not {self.family.name}")
+        copy = self.source.reduced_copy() if self.source.reduced_copy is not None else None  # GateMissed unless its consent stands
+        return model, copy
+
+    @staticmethod
+    def _forwards(model: DecisionModel, copy: ReducedCopy | None) -> Instance:
+        return Instance(model.forward, {MAX_SPEED.name: copy.model.forward} if copy is not None else {})
 
     async def _warm_up(self) -> None:
         """The golden request, answered as a client's would be; however it fails, the model missed a gate."""

@@ -19,7 +19,7 @@ from serving import metric
 from s1omni.runtime.errors import RequestError
 from s1omni.server.metrics import Metrics
 from s1omni.server.profiles import BATCHING, EXACT
-from s1omni.server.scheduler import EXPIRED, Job, Limits, Scheduler
+from s1omni.server.scheduler import EXPIRED, Instance, Job, Limits, Scheduler
 
 QUESTIONS = {"refund": {"type": "noul", "instructions": "A refund?"}}
 WINDOW_S = 30.0
@@ -30,7 +30,7 @@ def plan(model: Any, text: str = "Please refund the duplicate charge.") -> Any:
 
 
 def scheduler(model: Any, metrics: Metrics | None = None, forward: Any = None, **limits: Any) -> Scheduler:
-    running = Scheduler(forward or model.forward, Limits(batch_window_s=WINDOW_S, **limits), metrics or Metrics())
+    running = Scheduler([Instance(forward or model.forward)], Limits(batch_window_s=WINDOW_S, **limits), metrics or Metrics())
     running.start()
     return running
 
@@ -95,6 +95,40 @@ def test_exact_jobs_share_a_forward_with_their_own_states_only(tiny_model: Any) 
     assert answered(tiny_model, merging) == "noul" and merging.batch not in {job.batch for job in exact}
     assert running.pending() == (0, 0)
     assert running.close(10)
+
+
+def test_each_instance_runs_its_own_forward_at_the_same_time(tiny_model: Any) -> None:
+    """Two instances: two exact requests queued together run on both workers at once (a barrier that only
+    two forwards in flight together pass), and each answers as on one instance."""
+    both = threading.Barrier(2, timeout=60)
+    ran: list[tuple[str, int]] = []
+
+    def instance(index: int) -> Instance:
+        def forward(plans: Sequence[Any]) -> list[Any]:
+            both.wait()  # BrokenBarrierError (the job fails) unless the other worker is in a forward too
+            ran.append((threading.current_thread().name, index))
+            return tiny_model.forward(plans)
+
+        return Instance(forward)
+
+    running = Scheduler([instance(0), instance(1)], Limits(batch_window_s=WINDOW_S), Metrics())
+    running.start()
+    assert running.instances == 2
+    jobs = [Job(plan(tiny_model, text), EXACT, None) for text in ("One refund.", "Two refunds, please.")]
+    for job in jobs:
+        running.submit([job])
+    assert [answered(tiny_model, job) for job in jobs] == ["noul", "noul"]
+    assert sorted(ran) == [("s1omni-worker-0", 0), ("s1omni-worker-1", 1)]
+    def finished(job: Job, forwarded: Any) -> Any:
+        return tiny_model.finish(job.plan, tiny_model.readout(job.plan, forwarded))
+
+    assert [finished(job, result(job.future)) for job in jobs] == [finished(job, tiny_model.forward([job.plan])[0]) for job in jobs]
+    assert running.close(10)
+
+
+def test_a_scheduler_needs_an_instance() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        Scheduler([], Limits(), Metrics())
 
 
 def test_admission_counts_jobs_and_tokens_until_they_are_answered(tiny_model: Any) -> None:
