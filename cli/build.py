@@ -8,7 +8,7 @@ HELP = "build an engine from an export directory: ONNX Runtime (cpu, cuda) or a 
 # The manifest fields --json reports beside the engine directory and its member.
 ENGINE_KEYS = (
     "backend", "target", "precision", "recurrence", "gated_delta_kernel", "gated_delta_inputs", "op_fusion", "merged_projections",
-    "cuda_graphs",
+    "fused_mixers", "cuda_graphs",
 )  # fmt: skip
 
 
@@ -58,6 +58,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "activation (q|k|v, the Gated DeltaNet's inputs, gate|up) as one GEMM over their weights side by side",
     )
     parser.add_argument(
+        "--fused-mixers",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="onnxruntime/cuda only, opt-in until validated on an H200: each Gated DeltaNet short convolution (with its "
+        "SiLU) as one CausalConvWithState and each gated output norm as one GatedRMSNorm, ONNX Runtime contrib ops",
+    )
+    parser.add_argument(
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
         help="onnxruntime/cuda only, on by default there: replay each shape of the smaller calls (up to "
@@ -76,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     make_room(out, "engine", args.force)
     out = build(
         args.export_dir, args.backend, args.target, out, args.precision, args.gated_delta_kernel, args.op_fusion, args.cuda_graphs,
-        gated_delta_inputs=args.gated_delta_inputs, merged_projections=args.merged_projections,
+        gated_delta_inputs=args.gated_delta_inputs, merged_projections=args.merged_projections, fused_mixers=args.fused_mixers,
     )  # fmt: skip
     manifest = read_manifest(out)
     result = {"engine": str(out), **{key: manifest.get(key) for key in ENGINE_KEYS}, "member": manifest["member"]}

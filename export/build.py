@@ -16,7 +16,9 @@ execution provider options to run them with:
   ``benchmarks/h200-0.8B-gdn16``): ``--gated-delta-inputs fp16`` feeds the GatedDeltaNet
   nodes float16 q/k/v, which their chunked prefill engine needs, and ``--merged-projections`` merges the
   projections that read one activation into one GEMM each (``s1omni.export.merged_projections``); fp32 and tf32
-  builds keep the exported graph's. TF32 matmuls are
+  builds keep the exported graph's. ``--fused-mixers``, at every precision, is opt-in until H200 records validate
+  it too: each Gated DeltaNet short convolution and gated output norm becomes one contrib op
+  (``s1omni.export.mixer_fusions``). TF32 matmuls are
   faster but flipped 2 of 24 span sets of the 0.8B synthetic member on the H200, a GPU-gate miss
   (``benchmarks/h200-0.8B-kernels``). Their norms and sigmoids become single ONNX Runtime ops
   (``s1omni.export.cuda_fusions``) unless ``--no-op-fusion``. By default (``--no-cuda-graphs`` turns it off) the runner replays each
@@ -49,6 +51,7 @@ from .cuda_fusions import fuse_norms, fuse_sigmoids
 from .cuda_kernels import INPUT_TYPES, KERNELS, chunked_prefill, use_gated_delta_net
 from .fp8_gemms import FP8_FILE, use_fp8_gemms
 from .merged_projections import merge_projections
+from .mixer_fusions import fuse_gated_norms, fuse_short_convolutions
 from .naming import RECURRENCES, graph_file
 
 SHARED_FILES = ("heads.safetensors", "tokenizer.json", "config.json", "calibration.json")
@@ -112,15 +115,18 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
 
 def _graph_rewrites(
     kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool, weights: Bf16Weights,
-    fp8_weights: Bf16Weights,
+    fp8_weights: Bf16Weights, mixers: bool,
 ) -> dict[str, Callable[[onnx.ModelProto], int]]:
     """What a build rewrites in each backbone graph, in order: the Gated DeltaNet kernel (its q/k/v in
-    ``inputs``), the norms and sigmoids, the merged projections, then the GEMMs' precision (merged
-    weights are rounded as they are concatenated, so only bf16 builds merge; fp8 builds run the GEMMs
-    float8 cannot take in bfloat16)."""
+    ``inputs``), the fused mixers (they match the spelling the export wrote), the norms and sigmoids, the
+    merged projections, then the GEMMs' precision (merged weights are rounded as they are concatenated, so
+    only bf16 builds merge; fp8 builds run the GEMMs float8 cannot take in bfloat16)."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
     if kernel == "GatedDeltaNet":  # a fused graph (kernel implies fused)
         rewrites["GatedDeltaNet nodes"] = lambda graph: use_gated_delta_net(graph, inputs)
+    if mixers:
+        rewrites["CausalConvWithState nodes"] = fuse_short_convolutions
+        rewrites["GatedRMSNorm nodes"] = fuse_gated_norms
     if op_fusion:
         rewrites["fused norms"] = fuse_norms
         rewrites["sigmoids"] = fuse_sigmoids
@@ -169,18 +175,23 @@ def build(
     cuda_graphs: bool | None = None,
     gated_delta_inputs: str | None = None,
     merged_projections: bool = False,
+    fused_mixers: bool = False,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
     ``op_fusion`` (``s1omni.export.cuda_fusions``), ``cuda_graphs`` (``s1omni.runtime.runners.cuda_graphs``; None:
     on for onnxruntime/cuda), ``gated_delta_inputs``, the type of GatedDeltaNet's q/k/v
-    (``s1omni.export.cuda_kernels.INPUT_TYPES``; None: fp32) and ``merged_projections``
-    (``s1omni.export.merged_projections``; bf16 builds only)."""
+    (``s1omni.export.cuda_kernels.INPUT_TYPES``; None: fp32), ``merged_projections``
+    (``s1omni.export.merged_projections``; bf16 builds only) and ``fused_mixers``
+    (``s1omni.export.mixer_fusions``)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
     if cuda_graphs and (backend, target) != ("onnxruntime", "cuda"):
         raise UsageError("--cuda-graphs is for onnxruntime/cuda")
+    if fused_mixers and (backend, target) != ("onnxruntime", "cuda"):
+        raise UsageError("--fused-mixers is for onnxruntime/cuda: TensorRT parses no ONNX Runtime contrib op, and the ops' CPU "
+                         "kernels are slower than the exported spelling")  # fmt: skip
     if precision == "fp8" and (backend, target) != ("onnxruntime", "cuda"):
         raise UsageError("--precision fp8 (the reduced copy max_speed serves) is for onnxruntime/cuda only: GemmFloat8 is a CUDA kernel")
     if precision == "fp8" and cuda_graphs:  # GemmFloat8 allocates its workspace on every call: nothing a CUDA graph can capture
@@ -204,7 +215,7 @@ def build(
             inputs = _gated_delta_inputs(gated_delta_inputs, kernel, precision)
             merged_projections = merged_projections and precision == "bf16"
             rewrites = _graph_rewrites(kernel, inputs, precision, recurrence, op_fusion, merged_projections,
-                                       Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE))  # fmt: skip
+                                       Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers)  # fmt: skip
             for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:
                     progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...")
@@ -229,6 +240,7 @@ def build(
                 "gated_delta_inputs": inputs,
                 "op_fusion": op_fusion,
                 "merged_projections": merged_projections,
+                "fused_mixers": fused_mixers,
                 "cuda_graphs": cuda_graphs,
                 "provider_options": ORT_PRECISIONS[target][precision],
             }

@@ -17,7 +17,9 @@ A CUDA build therefore rewrites, in the top-level graph only:
   ``x / sqrt(sum(x²) + eps) = x / sqrt(mean(x²) + eps/D) · 1/sqrt(D)``;
 - each sigmoid as ``Sigmoid``, and each SiLU ``x / (1 + exp(-x))`` as ``x · Sigmoid(x)``.
 
-Both change float32 rounding only (a few ulps); the GPU gate is what holds the result.
+Both change float32 rounding only (a few ulps); the GPU gate is what holds the result. The matching
+pieces (``GraphIndex``, ``rms_norms``, ``other_input``, ``replace_nodes``) serve
+``s1omni.export.mixer_fusions`` too, which runs before these rewrites.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 
-class _Index:
+class GraphIndex:
     """Producers, consumers, constants and last-dimension sizes of one graph, for pattern matching."""
 
     def __init__(self, graph: onnx.GraphProto):
@@ -74,13 +76,13 @@ class _Index:
         return axes in ([-1], [rank - 1] if rank else [-1])
 
 
-def _other_input(node: onnx.NodeProto, name: str) -> str | None:
+def other_input(node: onnx.NodeProto, name: str) -> str | None:
     """The input of a binary ``node`` that is not ``name`` (``None`` unless ``name`` is exactly one of them)."""
     first, second = node.input
     return second if first == name and second != name else first if second == name and first != name else None
 
 
-def _norms(index: _Index, graph: onnx.GraphProto) -> Iterator[tuple[list[onnx.NodeProto], onnx.NodeProto, list[onnx.TensorProto]]]:
+def rms_norms(index: GraphIndex, graph: onnx.GraphProto) -> Iterator[tuple[list[onnx.NodeProto], onnx.NodeProto, list[onnx.TensorProto]]]:
     """Every RMSNorm / L2 norm: the nodes it replaces, its ``SimplifiedLayerNormalization``, new constants."""
     for square in graph.node:
         if square.domain or square.op_type not in ("Pow", "Mul"):
@@ -97,9 +99,9 @@ def _norms(index: _Index, graph: onnx.GraphProto) -> Iterator[tuple[list[onnx.No
         sqrt = add and index.only_consumer(add, "Sqrt")
         reciprocal = sqrt and index.only_consumer(sqrt, "Reciprocal")
         scale = reciprocal and index.only_consumer(reciprocal, "Mul")
-        if not (scale and index.reduces_last_axis(reduce) and _other_input(scale, reciprocal.output[0]) == x):
+        if not (scale and index.reduces_last_axis(reduce) and other_input(scale, reciprocal.output[0]) == x):
             continue
-        epsilon = index.scalar(_other_input(add, reduce.output[0]))
+        epsilon = index.scalar(other_input(add, reduce.output[0]))
         size = index.last_dim(x)
         if epsilon is None or size is None:
             continue
@@ -107,7 +109,7 @@ def _norms(index: _Index, graph: onnx.GraphProto) -> Iterator[tuple[list[onnx.No
         weight, output, constants = None, scale.output[0], []
         follower = index.only_consumer(scale, "Mul")
         if mean and follower is not None:
-            candidate = _other_input(follower, output)
+            candidate = other_input(follower, output)
             tensor = index.constants.get(candidate or "")
             if tensor is not None and list(tensor.dims) == [size] and tensor.data_type == onnx.TensorProto.FLOAT:
                 weight, output = candidate, follower.output[0]
@@ -128,7 +130,7 @@ def _norms(index: _Index, graph: onnx.GraphProto) -> Iterator[tuple[list[onnx.No
         yield replaced, fused, constants
 
 
-def _sigmoids(index: _Index, graph: onnx.GraphProto) -> Iterator[tuple[list[onnx.NodeProto], list[onnx.NodeProto]]]:
+def _sigmoids(index: GraphIndex, graph: onnx.GraphProto) -> Iterator[tuple[list[onnx.NodeProto], list[onnx.NodeProto]]]:
     """Every ``1 / (1 + exp(-x))`` and ``x / (1 + exp(-x))``: the nodes replaced and their replacement."""
     for negate in graph.node:
         if negate.domain or negate.op_type != "Neg":
@@ -136,7 +138,7 @@ def _sigmoids(index: _Index, graph: onnx.GraphProto) -> Iterator[tuple[list[onnx
         x = negate.input[0]
         exp = index.only_consumer(negate, "Exp")
         add = exp and index.only_consumer(exp, "Add")
-        if not add or index.scalar(_other_input(add, exp.output[0])) != 1.0:
+        if not add or index.scalar(other_input(add, exp.output[0])) != 1.0:
             continue
         last = index.only_consumer(add, "Reciprocal", "Div")
         if last is None:
@@ -151,7 +153,7 @@ def _sigmoids(index: _Index, graph: onnx.GraphProto) -> Iterator[tuple[list[onnx
             ]
 
 
-def _replace(graph: onnx.GraphProto, replacements: list[tuple[list[onnx.NodeProto], list[onnx.NodeProto]]]) -> None:
+def replace_nodes(graph: onnx.GraphProto, replacements: list[tuple[list[onnx.NodeProto], list[onnx.NodeProto]]]) -> None:
     """Drop each group of nodes, putting its replacement where the group's last node stood (its inputs
     are all made earlier, so the order stays topological), and the constants only they read."""
     position = {id(node): i for i, node in enumerate(graph.node)}
@@ -177,10 +179,10 @@ def fuse_norms(model: onnx.ModelProto) -> int:
     """Rewrite ``model`` in place with each RMSNorm and L2 norm as one ``SimplifiedLayerNormalization``;
     returns how many."""
     graph = model.graph
-    found = list(_norms(_Index(graph), graph))
+    found = list(rms_norms(GraphIndex(graph), graph))
     for _, _, constants in found:
         graph.initializer.extend(constants)
-    _replace(graph, [(old, [new]) for old, new, _ in found])
+    replace_nodes(graph, [(old, [new]) for old, new, _ in found])
     return len(found)
 
 
@@ -188,6 +190,6 @@ def fuse_sigmoids(model: onnx.ModelProto) -> int:
     """Rewrite ``model`` in place with each spelled-out sigmoid as ``Sigmoid`` (SiLU as ``x · Sigmoid(x)``);
     returns how many."""
     graph = model.graph
-    found = list(_sigmoids(_Index(graph), graph))
-    _replace(graph, found)
+    found = list(_sigmoids(GraphIndex(graph), graph))
+    replace_nodes(graph, found)
     return len(found)

@@ -39,8 +39,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .naming import CONTRIB_DOMAIN
+
 KERNELS = ("LinearAttention", "GatedDeltaNet")
-DOMAIN = "com.microsoft"
 # The element type GatedDeltaNet's q, k, v and output take per ``inputs`` choice.
 INPUT_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
 CHUNKED_HEAD_SIZE = 128  # the only head size of the chunked engine
@@ -76,7 +77,7 @@ def gated_delta_net_nodes(
             "GatedDeltaNet",
             [f"{query}.{tag}", f"{key}.{tag}", f"{value}.{tag}", "", decay, beta, f"{tag}.state_in"],
             [result, f"{tag}.state_out"],
-            domain=DOMAIN,
+            domain=CONTRIB_DOMAIN,
             name=f"{tag}/GatedDeltaNet",
             update_rule="gated_delta",
         ),
@@ -96,7 +97,7 @@ def use_gated_delta_net(model: onnx.ModelProto, inputs: str = "fp32") -> int:
     graph = model.graph
     rewritten, nodes = 0, []
     for node in graph.node:
-        if node.domain == DOMAIN and node.op_type == "LinearAttention":
+        if node.domain == CONTRIB_DOMAIN and node.op_type == "LinearAttention":
             replacement, constants = gated_delta_net_nodes(node, rewritten, inputs)
             nodes += replacement
             graph.initializer.extend(constants)
@@ -121,7 +122,7 @@ def chunked_prefill(model: onnx.ModelProto, inputs: str) -> str:
     }
     problems = []
     for node in graph.node:
-        if node.domain != DOMAIN or node.op_type != "LinearAttention":
+        if node.domain != CONTRIB_DOMAIN or node.op_type != "LinearAttention":
             continue
         state, decay = shapes.get(node.output[1]), shapes.get(node.input[4])
         sizes = tuple(state[2:]) if state and len(state) == 4 else (None, None)

@@ -51,12 +51,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .bf16_gemms import Bf16Weights, float32_array, weight_matrices
+from .naming import CONTRIB_DOMAIN
 
 FP8_FILE = "weights.fp8.data"
 E4M3_MAX = 448.0  # the largest finite float8 e4m3fn value
 ALIGNMENT = 16  # cuBLASLt FP8 GEMMs need K and N multiples of 16
 OPSET = 19  # Cast to float8 with saturate
-DOMAIN = "com.microsoft"
 _TINY = float(np.finfo(np.float32).tiny)
 
 
@@ -134,7 +134,7 @@ def use_fp8_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
         p = f"{product}/fp8"
         nodes += [
             helper.make_node(
-                "GemmFloat8", [f"{a}/e4m3", f"{weight}/fp8", "", "fp8/one", "fp8/one"], [f"{p}/raw"], domain=DOMAIN,
+                "GemmFloat8", [f"{a}/e4m3", f"{weight}/fp8", "", "fp8/one", "fp8/one"], [f"{p}/raw"], domain=CONTRIB_DOMAIN,
                 transA=0, transB=1, dtype=TensorProto.FLOAT, name=f"{p}/gemm",
             ),  # fmt: skip
             helper.make_node("Mul", [f"{p}/raw", f"{a}/scale"], [f"{p}/rows"], name=f"{p}/rows"),
@@ -159,5 +159,5 @@ def _import_opset(model: onnx.ModelProto) -> None:
         model.opset_import.append(helper.make_opsetid("", OPSET))
     elif default.version < OPSET:
         default.version = OPSET
-    if DOMAIN not in domains:
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    if CONTRIB_DOMAIN not in domains:
+        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))

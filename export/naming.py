@@ -1,11 +1,13 @@
-"""The names of an export's graph files and the layout of its weights files, apart from the exporter:
-``s1omni build`` reads exports by these without importing torch or transformers (a build's startup
-would otherwise spend seconds on them)."""
+"""The names of an export's graph files, the layout of its weights files and the operator domain of the
+ONNX Runtime contrib ops its graphs and builds write, apart from the exporter: ``s1omni build`` reads
+exports by these without importing torch or transformers (a build's startup would otherwise spend
+seconds on them)."""
 
 from __future__ import annotations
 
 RECURRENCES = ("scan", "fused")  # the portable ONNX Scan, or ONNX Runtime's fused kernel
 ALIGNMENT = 65536  # large tensors start at offsets ONNX Runtime can memory-map on any page size
+CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops (LinearAttention, GatedDeltaNet, GemmFloat8, ...)
 
 
 def graph_file(graph: str, recurrence: str) -> str:

@@ -82,7 +82,7 @@ from .graph_weights import (
 )
 from .layer_stamp import stamp_layers, template_types
 from .onnx_check import LENGTHS, Expected, check_graphs, reference_outputs
-from .naming import RECURRENCES, graph_file
+from .naming import CONTRIB_DOMAIN, RECURRENCES, graph_file
 from .patches import ContinueForward, PrefillForward, explicit_state_forward, state_names
 from .workers import share, worker_count
 
@@ -120,7 +120,7 @@ def _linear_attention_schema() -> OpSchema:
     attribute = OpSchema.Attribute
     return OpSchema(
         "LinearAttention",
-        "com.microsoft",
+        CONTRIB_DOMAIN,
         1,
         inputs=[
             *(parameter(name, "T") for name in ("query", "key", "value")),
@@ -137,7 +137,7 @@ def _linear_attention_schema() -> OpSchema:
     )
 
 
-LINEAR_ATTENTION = Op(Opset("com.microsoft", 1), "LinearAttention", _linear_attention_schema())
+LINEAR_ATTENTION = Op(Opset(CONTRIB_DOMAIN, 1), "LinearAttention", _linear_attention_schema())
 
 
 def linear_attention(query, key, value, state, decay, beta, heads: int):

@@ -13,7 +13,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from s1omni.export.cuda_kernels import DOMAIN, INPUT_TYPES
+from s1omni.export.cuda_kernels import INPUT_TYPES
+from s1omni.export.naming import CONTRIB_DOMAIN
 from s1omni.runtime.engine import read_manifest, write_manifest
 from tests.cli import run_s1omni, s1omni
 
@@ -74,7 +75,7 @@ def gated_delta_net_emulated(rewritten: onnx.ModelProto, inputs: str) -> onnx.Mo
         nodes += [
             helper.make_node("Transpose", [state], [f"{tag}.state"], perm=[0, 1, 3, 2]),
             helper.make_node(
-                "LinearAttention", [*packed, f"{tag}.state", decay, beta], [f"{tag}.out", f"{tag}.present"], domain=DOMAIN,
+                "LinearAttention", [*packed, f"{tag}.state", decay, beta], [f"{tag}.out", f"{tag}.present"], domain=CONTRIB_DOMAIN,
                 q_num_heads=heads, kv_num_heads=heads, update_rule="gated_delta",
             ),  # fmt: skip
             helper.make_node("Reshape", [f"{tag}.out", f"{tag}.heads"], [f"{tag}.out4"]),

@@ -21,7 +21,8 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper
 
-from s1omni.export.cuda_kernels import DOMAIN, INPUT_TYPES, chunked_prefill, use_gated_delta_net
+from s1omni.export.cuda_kernels import INPUT_TYPES, chunked_prefill, use_gated_delta_net
+from s1omni.export.naming import CONTRIB_DOMAIN
 from s1omni.runtime.runners.base import text_positions
 from tests.cli import run_s1omni
 from tests.cuda_builds import build_cuda_engine, gated_delta_net_emulated, needs_cuda
@@ -35,7 +36,7 @@ def _linear_attention_model(heads: int, size: int) -> onnx.ModelProto:
     state = helper.make_tensor_value_info("state", TensorProto.FLOAT, ["batch", heads, size, size])
     gates = [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", "sequence", heads]) for name in ("decay", "beta")]
     node = helper.make_node(
-        "LinearAttention", ["q", "k", "v", "state", "decay", "beta"], ["out", "present"], domain=DOMAIN,
+        "LinearAttention", ["q", "k", "v", "state", "decay", "beta"], ["out", "present"], domain=CONTRIB_DOMAIN,
         q_num_heads=heads, kv_num_heads=heads, update_rule="gated_delta", name="la",
     )  # fmt: skip
     graph = helper.make_graph(
@@ -43,7 +44,7 @@ def _linear_attention_model(heads: int, size: int) -> onnx.ModelProto:
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "sequence", heads * size]),
          helper.make_tensor_value_info("present", TensorProto.FLOAT, ["batch", heads, size, size])],
     )  # fmt: skip
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, 1)], ir_version=10)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(CONTRIB_DOMAIN, 1)], ir_version=10)
 
 
 def _feeds(heads: int, size: int, batch: int, tokens: int, seed: int) -> dict[str, np.ndarray]:
@@ -76,7 +77,7 @@ def test_float16_inputs_are_cast_around_each_node_and_the_rest_stays_float32(exp
     producers = {output: node for node in model.graph.node for output in node.output}
     originals = [node for node in source.graph.node if node.op_type == "LinearAttention"]
     for node, original in zip((n for n in model.graph.node if n.op_type == "GatedDeltaNet"), originals, strict=True):
-        assert node.domain == DOMAIN and {a.name: helper.get_attribute_value(a) for a in node.attribute} == {"update_rule": b"gated_delta"}
+        assert node.domain == CONTRIB_DOMAIN and {a.name: helper.get_attribute_value(a) for a in node.attribute} == {"update_rule": b"gated_delta"}
         for name, was in zip(node.input[:3], original.input[:3], strict=True):  # q, k, v: cast, then reshaped to [B, T, H, D]
             cast = producers[producers[name].input[0]]
             assert cast.op_type == "Cast" and cast.input[0] == was and helper.get_attribute_value(cast.attribute[0]) == TensorProto.FLOAT16
