@@ -211,6 +211,51 @@ def test_span_probability_is_a_float32_mean():
     assert spans == [span("X", 0, 10, 7130317 / 2**23)]
 
 
+def test_every_span_is_averaged_as_its_own_contiguous_column():
+    """Spans of many lengths, several of each (decoded together, grouped by length): each mean is
+    bitwise numpy's float32 mean of that span's column alone, pairwise summation included."""
+    rng = np.random.default_rng(0)
+    lengths = [1, 2, 7, 8, 9, 16, 17, 127, 128, 129, 300, 2, 9, 129, 1, 300]
+    text = " ".join("w" for _ in range(sum(lengths)))
+    probabilities = np.zeros((sum(lengths), 2))
+    column, begin = 0, 0
+    for length in lengths:  # alternate labels so each run is one span
+        probabilities[begin : begin + length, column] = rng.uniform(0.5, 1.0, length)
+        column, begin = 1 - column, begin + length
+    spans = decode_spans(probabilities, split(text), ["A", "B"], text, 0.4)
+    assert [s["end"] - s["start"] for s in spans] == [2 * n - 1 for n in lengths]
+    begin = 0
+    for entry, length in zip(spans, lengths, strict=True):
+        values = np.ascontiguousarray(probabilities[begin : begin + length].max(1).astype(np.float32))
+        assert entry["probability"] == float(values.mean())
+        begin += length
+
+
+def test_units_settle_each_on_their_own():
+    """Three e-mail units in one text, each with its own vote: one unit's words never count in
+    another's, and unlabelled words between units stay unlabelled."""
+    text = f"{EMAIL} x {EMAIL} {EMAIL}"
+    words = [*EMAIL_WORDS, (21, 22), *((a + 23, b + 23) for a, b in EMAIL_WORDS), *((a + 44, b + 44) for a, b in EMAIL_WORDS)]
+    person, email = [0.75, 0.0], [0.0, 0.5625]
+    rows = [person, [0.0, 0.0], email, [0.0, 0.0], email, [0.0, 0.0], email]  # email wins, 1.6875 > 0.75
+    rows += [[0.0, 0.0]]  # x
+    rows += [person, [0.0, 0.0], person, [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], email]  # person wins, 1.5 > 0.5625
+    rows += [[0.0, 0.0]] * 6 + [email]  # one labelled word: nothing to fill
+    spans = decode(rows, words, text, labels=["person", "email"])
+    assert [(s["label"], text[s["start"] : s["end"]]) for s in spans] == [
+        ("email", EMAIL), ("person", EMAIL), ("email", "com")]  # fmt: skip
+
+
+def test_a_word_read_from_a_space_finds_its_unit_past_the_space():
+    text = "see jane.doe@example.com"
+    # The first word's range starts at the space before the address; the unit is the address.
+    offsets = [(3, 8), (8, 9), (9, 12), (12, 13), (13, 20), (20, 21), (21, 24)]
+    rows = [[0.75], [0.0], [0.0], [0.0], [0.0], [0.0], [0.75]]
+    assert [text[s["start"] : s["end"]] for s in decode(rows, offsets, text)] == ["jane.doe@example.com"]
+    ideographic = "\u3000\u3000ab"  # U+3000 is a CJK word and a space: skipped for the unit
+    assert decode([[0.75], [0.75]], [(0, 3), (3, 4)], ideographic) == [span("X", 2, 4, 0.75)]
+
+
 # --- word units ---------------------------------------------------------------------------------
 
 

@@ -85,41 +85,84 @@ def words_of(text: str, token_offsets: npt.NDArray[np.int32]) -> Words:
     return Words(spans[kept].astype(np.int32), first[kept].astype(np.int64))
 
 
+def _visible_starts(text: str, offsets: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
+    """Each word's start moved past leading whitespace (not past its end or the text's)."""
+    starts = offsets[:, 0].astype(np.int64)
+    ends = np.minimum(offsets[:, 1], len(text))
+    inside = np.flatnonzero(starts < ends)
+    if not len(inside):
+        return starts
+    # Code points of the text; only words that start with a space (U+3000 is a CJK word) walk on.
+    points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
+    first = points[starts[inside]]
+    distinct = np.unique(first)
+    spaces = distinct[[chr(point).isspace() for point in distinct.tolist()]]
+    for word in inside[np.isin(first, spaces)].tolist():
+        start, end = int(starts[word]), int(ends[word])
+        while start < end and text[start].isspace():
+            start += 1
+        starts[word] = start
+    return starts
+
+
 def _unit_ids(text: str, offsets: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
     """The unit holding each word's first non-space character, or -1 when there is none."""
     bounds = np.asarray([m.span() for m in _UNIT_RE.finditer(text)], np.int64).reshape(-1, 2)
-    visible: list[int] = []
-    for start, end in offsets.tolist():
-        while start < end and start < len(text) and text[start].isspace():
-            start += 1
-        visible.append(start)
-    first = np.asarray(visible, np.int64)
+    first = _visible_starts(text, offsets)
     unit = np.searchsorted(bounds[:, 0], first, side="right") - 1
     inside = (unit >= 0) & (first < offsets[:, 1]) & (first < len(text))
     inside[inside] = first[inside] < bounds[unit[inside], 1]
     return np.where(inside, unit, -1)
 
 
-def _runs(values: npt.NDArray[np.int64]) -> list[tuple[int, int]]:
-    """``[begin, stop)`` of each maximal run of equal values."""
-    cuts = [0, *(np.flatnonzero(values[1:] != values[:-1]) + 1).tolist(), len(values)]
-    return list(zip(cuts[:-1], cuts[1:], strict=True))
+def _runs(values: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """``begin`` and ``stop`` (exclusive) of each maximal run of equal values."""
+    cuts = np.flatnonzero(values[1:] != values[:-1]) + 1
+    return np.concatenate(([0], cuts)), np.concatenate((cuts, [len(values)]))
 
 
-def _settle(label: npt.NDArray[np.int64], best: npt.NDArray[np.float32], begin: int, stop: int) -> None:
-    """Give the labelled words of one unit run a single label and fill the gaps between them."""
-    members = [w for w in range(begin, stop) if label[w] >= 0]
-    if not members:
+def _fill(values: npt.NDArray[np.int64], low: npt.NDArray[np.int64], high: npt.NDArray[np.int64], fill: npt.NDArray[np.int64]) -> None:
+    """``values[low[i] : high[i] + 1] = fill[i]`` for disjoint ranges, at once."""
+    lengths = high - low + 1
+    offsets = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    values[np.repeat(low, lengths) + offsets] = np.repeat(fill, lengths)
+
+
+def _settle(label: npt.NDArray[np.int64], best: npt.NDArray[np.float32], units: npt.NDArray[np.int64], labels: int) -> None:
+    """Give the labelled words of each unit run a single label and fill the gaps between them.
+
+    The label is the one whose probabilities sum highest over the run (float64, summed in word
+    order), the first to appear among equal sums; every word from the run's first labelled word to
+    its last takes it.
+    """
+    begins, stops = _runs(units)
+    run = np.repeat(np.arange(len(begins)), stops - begins)
+    words = np.flatnonzero((label >= 0) & (units >= 0))
+    if not len(words):
         return
-    votes: dict[int, float] = {}
-    for w in members:
-        votes[int(label[w])] = votes.get(int(label[w]), 0.0) + float(best[w])
-    if len(votes) > 1:
-        # max() keeps the first of equal sums, i.e. the label that appeared first.
-        label[members] = max(votes, key=votes.__getitem__)
-    low, high = members[0], members[-1]
-    gap = label[low + 1 : high]
-    gap[gap < 0] = label[low]
+    keys = run[words] * labels + label[words]
+    # ``first``: where each (run, label) first appears; bincount adds in input order, as a loop would.
+    pairs, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    sums = np.bincount(inverse, weights=best[words].astype(np.float64))
+    pair_run = pairs // labels
+    order = np.lexsort((first, -sums, pair_run))
+    winners = order[np.concatenate(([True], pair_run[order][1:] != pair_run[order][:-1]))]
+    _, low = np.unique(run[words], return_index=True)
+    high = np.concatenate((low[1:], [len(words)])) - 1
+    _fill(label, words[low], words[high], pairs[winners] % labels)
+
+
+def _means(probs: npt.NDArray[np.float32], begins: npt.NDArray[np.int64], stops: npt.NDArray[np.int64], values: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+    """The float32 mean of ``probs[begin:stop, value]`` per span, as numpy averages a contiguous copy
+    of it (the packages' gather): spans of one length are averaged as the rows of one array, which
+    numpy sums row by row with the same pairwise order as each row alone."""
+    lengths = stops - begins
+    means = np.empty(len(begins), np.float32)
+    for length in np.unique(lengths).tolist():
+        which = np.flatnonzero(lengths == length)
+        rows = begins[which, None] + np.arange(length)
+        means[which] = probs[rows, values[which, None]].mean(axis=1)
+    return means
 
 
 def trim(text: str, start: int, end: int) -> tuple[int, int]:
@@ -164,21 +207,16 @@ def decode_spans(
     label = np.where(best > np.float32(threshold), best_label, -1).astype(np.int64)
     if not (label >= 0).any():
         return []
-    units = _unit_ids(text, offsets)
-    for begin, stop in _runs(units):
-        if units[begin] >= 0:
-            _settle(label, best, begin, stop)
+    _settle(label, best, _unit_ids(text, offsets), probs.shape[1])
+    begins, stops = _runs(label)
+    kept = label[begins] >= 0
+    begins, stops = begins[kept], stops[kept]
+    values = label[begins]
+    means = _means(probs, begins, stops, values).tolist()
     spans: list[dict[str, str | int | float]] = []
-    for begin, stop in _runs(label):
-        value = int(label[begin])
-        if value < 0:
-            continue
-        start, end = trim(text, int(offsets[begin, 0]), int(offsets[stop - 1, 1]))
-        if end <= start:
-            continue
-        # Averaged from a contiguous copy, as the packages gather it, so float32 sums round alike.
-        column = np.ascontiguousarray(probs[begin:stop, value])
-        spans.append(
-            {"label": labels[value], "start": start, "end": end, "probability": float(column.mean())}
-        )
+    edges = zip(offsets[begins, 0].tolist(), offsets[stops - 1, 1].tolist(), strict=True)
+    for value, (first, last), mean in zip(values.tolist(), edges, means, strict=True):
+        start, end = trim(text, first, last)
+        if end > start:
+            spans.append({"label": labels[value], "start": start, "end": end, "probability": mean})
     return spans
