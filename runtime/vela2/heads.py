@@ -80,12 +80,26 @@ class CandidateHead:
 
     def __call__(self, candidates: np.ndarray, query: np.ndarray) -> np.ndarray:
         """Logits ``[n]`` of option endpoint states ``[n, H]`` against the query state ``[H]``."""
+        return self.blocks([candidates], query[None])[0]
+
+    def blocks(self, candidates: Sequence[np.ndarray], queries: np.ndarray) -> list[np.ndarray]:
+        """Logits per block: block ``i``'s option endpoint states ``candidates[i]`` ``[n_i, H]``
+        against its query state ``queries[i]`` (``queries`` ``[B, H]``), bitwise what the block gets
+        alone. The LayerNorms run over every block's rows at once (elementwise and per-row work,
+        the same for a row wherever it sits); each product runs per block in the shapes one block
+        gives it, because a BLAS product's rounding depends on its row count (OpenBLAS picks
+        kernels by shape: stacking the blocks' rows moved logits by up to 2.3e-6, and answers with
+        them). The GELU runs per block too: torch's tail elements take its scalar path."""
         t = self.t
-        c = layer_norm(candidates.astype(np.float32), t["candidate_norm.weight"], t["candidate_norm.bias"])
-        g = layer_norm(query.astype(np.float32), t["query_norm.weight"], t["query_norm.bias"])
-        bilinear = (c @ t["key.weight"].T) @ (t["query.weight"] @ g) / np.float32(math.sqrt(self.d))
-        hidden = c @ t["candidate_mlp.weight"].T + t["candidate_mlp.bias"] + t["query_mlp.weight"] @ g
-        return (bilinear + (gelu(hidden) @ t["scalar.weight"].T)[:, 0]).astype(np.float32)
+        c = layer_norm(np.concatenate(candidates).astype(np.float32), t["candidate_norm.weight"], t["candidate_norm.bias"])
+        g = layer_norm(np.asarray(queries, np.float32), t["query_norm.weight"], t["query_norm.bias"])
+        scale = np.float32(math.sqrt(self.d))
+        logits = []
+        for rows, query in zip(np.split(c, np.cumsum([len(b) for b in candidates])[:-1]), g, strict=True):
+            bilinear = (rows @ t["key.weight"].T) @ (t["query.weight"] @ query) / scale
+            hidden = rows @ t["candidate_mlp.weight"].T + t["candidate_mlp.bias"] + t["query_mlp.weight"] @ query
+            logits.append((bilinear + (gelu(hidden) @ t["scalar.weight"].T)[:, 0]).astype(np.float32))
+        return logits
 
 
 class SpanHead:

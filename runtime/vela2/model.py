@@ -269,23 +269,30 @@ class Vela2Model:
         return [self.readout(plan, hidden) for plan, hidden in zip(plans, self.forward(plans), strict=True)]
 
     def read(self, plans: Sequence[Vela2Plan], hidden: Sequence[Sequence[np.ndarray]]) -> list[dict[int, np.ndarray]]:
-        """Head outputs from the runner's hidden states (per tree of ``plans`` in order, per block)."""
+        """Head outputs from the runner's hidden states (per tree of ``plans`` in order, per block).
+        A plan's candidate blocks go through the candidate head in one call (``CandidateHead.blocks``:
+        each block's logits bitwise those it gets alone)."""
         results: list[dict[int, np.ndarray]] = []
         trees = iter(hidden)
         for plan in plans:
             outputs: dict[int, np.ndarray] = {}
+            candidates: list[tuple[RenderedBlock, np.ndarray]] = []
             for _, blocks in plan.trees:
                 for block, rows in zip(blocks, next(trees), strict=True):
-                    if block.read:
-                        outputs[id(block)] = self._read(block, rows)
+                    if block.read and block.is_span:
+                        outputs[id(block)] = self._read_span(block, rows)
+                    elif block.read:
+                        candidates.append((block, rows))
+            if candidates:
+                queries = np.stack([rows[-1] for _, rows in candidates])
+                logits = self.candidate.blocks([rows[:-1] for _, rows in candidates], queries)
+                for (block, _), values in zip(candidates, logits, strict=True):
+                    outputs[id(block)] = values + self.set_bias if block.question.type == "set" else values
             results.append(outputs)
         return results
 
-    def _read(self, block: RenderedBlock, rows: np.ndarray) -> np.ndarray:
-        """Head output of one block from its readout rows (see ``RenderedBlock.readouts``)."""
-        if not block.is_span:
-            logits = self.candidate(rows[:-1], rows[-1])
-            return logits + self.set_bias if block.question.type == "set" else logits
+    def _read_span(self, block: RenderedBlock, rows: np.ndarray) -> np.ndarray:
+        """Span head output of one block from its readout rows (see ``RenderedBlock.readouts``)."""
         sizes = [end - start + 1 for start, end in zip(block.starts, block.ends, strict=True)]
         bounds = np.cumsum([0, *sizes])
         labels = np.stack([rows[a:b].mean(0) for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
