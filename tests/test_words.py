@@ -6,12 +6,14 @@ mostly dyadic (0.25, 0.375, 0.75, ...) so float32 sums are exact and a mean is o
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
 from s1omni.runtime.synth.tokenizer import train_tokenizer
-from s1omni.runtime.vela2.words import Words, decode_spans, trim, words_of
+from s1omni.runtime.vela2.words import _UNIT_RE, Words, decode_spans, trim, words_of
 
 
 def split(text: str) -> list[tuple[int, int]]:
@@ -254,6 +256,128 @@ def test_a_word_read_from_a_space_finds_its_unit_past_the_space():
     assert [text[s["start"] : s["end"]] for s in decode(rows, offsets, text)] == ["jane.doe@example.com"]
     ideographic = "\u3000\u3000ab"  # U+3000 is a CJK word and a space: skipped for the unit
     assert decode([[0.75], [0.75]], [(0, 3), (3, 4)], ideographic) == [span("X", 2, 4, 0.75)]
+
+
+# --- the decoder against a plain reference ------------------------------------------------------
+
+
+def _reference_decode(probabilities, offsets, labels, text, threshold):
+    """decode_spans word by word and span by span: the loops the vectorised decoder replaced."""
+    probs = np.asarray(probabilities, np.float32)
+    if len(offsets) == 0:
+        return []
+    label = [int(np.argmax(row)) if row.max() > np.float32(threshold) else -1 for row in probs]
+    if max(label) < 0:
+        return []
+    units = [match.span() for match in _UNIT_RE.finditer(text)]
+    unit = []
+    for start, end in offsets:
+        while start < end and start < len(text) and text[start].isspace():
+            start += 1
+        inside = [i for i, (a, b) in enumerate(units) if a <= start < b]
+        unit.append(inside[0] if inside and start < end and start < len(text) else -1)
+    w = 0
+    while w < len(offsets):  # each run of words in one unit
+        stop = w + 1
+        while stop < len(offsets) and unit[stop] == unit[w]:
+            stop += 1
+        members = [m for m in range(w, stop) if unit[w] >= 0 and label[m] >= 0]
+        if members:
+            votes: dict[int, float] = {}
+            for m in members:
+                votes[label[m]] = votes.get(label[m], 0.0) + float(probs[m].max())
+            winner = max(votes, key=votes.__getitem__)  # the first of equal sums
+            for m in range(members[0], members[-1] + 1):
+                label[m] = winner
+        w = stop
+    spans = []
+    w = 0
+    while w < len(offsets):  # each run of one label
+        stop = w + 1
+        while stop < len(offsets) and label[stop] == label[w]:
+            stop += 1
+        if label[w] >= 0:
+            start, end = trim(text, int(offsets[w][0]), int(offsets[stop - 1][1]))
+            if end > start:
+                column = np.array([probs[m, label[w]] for m in range(w, stop)], np.float32)
+                spans.append(span(labels[label[w]], start, end, float(column.mean())))
+        w = stop
+    return spans
+
+
+_FRAGMENTS = [
+    "Alice", "Müller", "met", "bob", "東京", "大阪市", "jane.doe@example.com", "a.b+c@x.org", "@handle",
+    "https://example.org/x?y=1", "www.example.com/path.", "HTTP://EXAMPLE.COM", "(urgent)", "「引用」",
+    "\u201cquoted\u201d", "[1]", "42", "3.14", "co-op", "snake_case", ",", ".", "!", "-", "'", "\u3000",
+]
+_SPACES = [" ", " ", " ", "  ", "\t", "\n", "\u3000", ""]
+
+
+def _random_words(rng: np.random.Generator, text: str) -> list[tuple[int, int]]:
+    """Word offsets as a decoder receives them, some read from the whitespace before the word,
+    cut as words, finer (at every non-letter) or one per code point, with a few empty words."""
+    mode = rng.integers(3)
+    if mode == 0:
+        words = split(text)
+    elif mode == 1:
+        words = [(a + m.start(), a + m.end()) for a, b in split(text) for m in re.finditer(r"\w+|\W", text[a:b])]
+    else:
+        words = [(i, i + 1) for i in range(len(text)) if not text[i].isspace() or rng.random() < 0.2]
+    out = []
+    for start, end in words:
+        if rng.random() < 0.3:
+            while start > 0 and text[start - 1].isspace() and (not out or out[-1][1] < start):
+                start -= 1
+        if rng.random() < 0.03:
+            out.append((start, start))
+        out.append((start, end))
+    return out
+
+
+def test_decoder_matches_the_plain_reference_on_random_texts():
+    """Random texts of words, units (e-mails, URLs, handles), CJK, brackets and odd spaces; random
+    word cuts and probabilities, dyadic ones for tied votes and means at the threshold: the
+    decoder's spans equal the reference's exactly (labels, offsets, float32 means)."""
+    rng = np.random.default_rng(0)
+    spans_seen = edge_spans = 0
+    for case in range(600):
+        count = int(rng.integers(1, 4)) if case % 10 == 0 else int(rng.integers(1, 40))
+        text = "".join(str(rng.choice(_FRAGMENTS)) + str(rng.choice(_SPACES)) for _ in range(count))
+        offsets = _random_words(rng, text)
+        labels = ["A", "B", "C", "D"][: int(rng.integers(1, 5))]
+        if rng.random() < 0.5:
+            rows = rng.integers(0, 9, (len(offsets), len(labels))) / 8
+        else:
+            rows = rng.uniform(0, 1, (len(offsets), len(labels))) ** 3
+        threshold = float(rng.choice([0.0, 0.25, 0.5, 0.5, 0.7]))
+        want = _reference_decode(rows, offsets, labels, text, threshold)
+        got = decode(rows, offsets or np.zeros((0, 2)), text, threshold, labels)
+        assert got == want, (text, offsets, rows.tolist(), threshold)
+        assert all(type(s["probability"]) is float for s in got)
+        spans_seen += len(want)
+        edge_spans += sum(s["start"] <= offsets[0][1] or s["end"] >= offsets[-1][0] for s in want)
+    assert spans_seen > 3000 and edge_spans > 300  # the cases do reach the decoder's paths
+
+
+@pytest.mark.parametrize(
+    "rows, offsets, text",
+    [
+        ([], [], ""),  # no words
+        ([], [], "text no word covers"),
+        ([[0.75]], [(0, 1)], "x"),  # one word, one character
+        ([[0.75]], [(0, 1)], "("),  # trims to nothing
+        ([[0.75]], [(1, 1)], " x"),  # an empty word
+        ([[0.75], [0.75]], [(0, 3), (3, 6)], " @ab  "),  # read from spaces, ending at the text's end
+        ([[0.75], [0.0], [0.75]], [(0, 4), (4, 5), (5, 8)], "jane.doe"),  # a unit filled end to end
+        ([[0.75, 0.0], [0.0, 0.75]], [(0, 1), (1, 2)], "ab"),  # a tie settles on the first label
+    ],
+)
+def test_decoder_matches_the_plain_reference_at_the_edges(rows, offsets, text):
+    labels = ["A", "B"][: len(rows[0])] if rows else ["A"]
+    probabilities = np.array(rows, np.float64).reshape(len(rows), len(labels))
+    for threshold in (0.0, 0.5, 0.75):
+        got = decode_spans(probabilities, np.array(offsets, np.int32).reshape(-1, 2), labels, text, threshold)
+        assert got == _reference_decode(probabilities, offsets, labels, text, threshold)
 
 
 # --- word units ---------------------------------------------------------------------------------
