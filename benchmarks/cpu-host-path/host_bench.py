@@ -2,9 +2,15 @@
 
     .venv/bin/python benchmarks/cpu-host-path/host_bench.py --label after --out benchmarks/cpu-host-path/after.json
 
-``--label before`` times main's runtime: the same command with main's runtime first on the path
-(``git archive main runtime calib | tar -x -C /tmp/main/s1omni``, ``cp s1omni/__init__.py
-/tmp/main/s1omni/``, then ``PYTHONPATH=/tmp/main``).
+``--label before`` times main's runtime: the same command with main's ``s1omni`` first on the path,
+which the editable install's finder only serves when no ``s1omni`` is found there first::
+
+    mkdir -p /tmp/main/s1omni && git archive main runtime calib | tar -x -C /tmp/main/s1omni
+    cp s1omni/__init__.py /tmp/main/s1omni/
+    PYTHONPATH=/tmp/main .venv/bin/python benchmarks/cpu-host-path/host_bench.py --label before --out ...
+
+The record names the runtime it timed (``runtime``) and the SHA-256 of the request's JSON answer
+(``answer_sha256``): before and after must answer the same bytes.
 
 The request is ``calib/vela2`` case router-signals-600, planned for real on a 0.8B-shaped synthetic
 member: its config, calibration and tokenizer (``runtime.synth.vela2``) and random head tensors of
@@ -13,9 +19,11 @@ model's constructor, and the hidden states ``forward`` would return are random, 
 ``[len(block.readouts), hidden]`` float32 array per block of the plan's trees. That is a benchmark
 input, never a test of a user path.
 
-``single`` times one request at a time (p50/p95 of wall milliseconds per stage, and the thread's
-CPU milliseconds per request from ``time.thread_time``); ``threads-8`` runs requests back to back
-on 8 threads (requests per second, and process CPU seconds per request from ``getrusage``).
+``single`` times one request at a time (p50/p95 of wall milliseconds per stage, and CPU
+milliseconds per request: the request thread's own from ``time.thread_time``, whose work holds the
+GIL but for numpy's and torch's loops, and the process's from ``getrusage``, the span head's chunk
+threads included); ``threads-N`` runs requests back to back on ``--threads`` threads, 8 unless told
+(requests per second, and the process's CPU milliseconds per request from ``getrusage``).
 ``--profile`` prints cProfile's top functions of ``read`` and of ``finish`` instead. The load
 average before and after is recorded: this machine may be shared.
 """
@@ -24,11 +32,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import json
 import os
 import platform
 import pstats
 import resource
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,13 +47,14 @@ from typing import Any
 
 import numpy as np
 
+from s1omni import runtime
 from s1omni.calib import CALIB
 from s1omni.runtime.identity import Identity
 from s1omni.runtime.synth import vela2 as synth
 from s1omni.runtime.synth.tokenizer import train_tokenizer
 from s1omni.runtime.vela2.model import Vela2Model, Vela2Plan
 
-SIZE, CASE, THREADS = "0.8B", "router-signals-600", 8
+SIZE, CASE = "0.8B", "router-signals-600"
 
 
 class StatesOnly:
@@ -85,10 +96,15 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"p50": round(float(np.percentile(values, 50)), 3), "p95": round(float(np.percentile(values, 95)), 3)}
 
 
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def single(vela: Vela2Model, plan: Vela2Plan, hidden: list[list[np.ndarray]], repeats: int) -> dict[str, Any]:
-    stages: dict[str, list[float]] = {"read_ms": [], "finish_ms": [], "request_ms": [], "request_cpu_ms": []}
+    stages: dict[str, list[float]] = {name: [] for name in ("read_ms", "finish_ms", "request_ms", "thread_cpu_ms", "process_cpu_ms")}
     for index in range(repeats + 3):
-        cpu, start = time.thread_time(), time.perf_counter()
+        cpu, usage, start = time.thread_time(), _cpu_seconds(), time.perf_counter()
         outputs = vela.read([plan], hidden)[0]
         middle = time.perf_counter()
         vela.finish(plan, outputs)
@@ -97,11 +113,12 @@ def single(vela: Vela2Model, plan: Vela2Plan, hidden: list[list[np.ndarray]], re
             stages["read_ms"].append((middle - start) * 1e3)
             stages["finish_ms"].append((end - middle) * 1e3)
             stages["request_ms"].append((end - start) * 1e3)
-            stages["request_cpu_ms"].append((time.thread_time() - cpu) * 1e3)
+            stages["thread_cpu_ms"].append((time.thread_time() - cpu) * 1e3)
+            stages["process_cpu_ms"].append((_cpu_seconds() - usage) * 1e3)
     return {name: _summary(values) for name, values in stages.items()} | {"n": repeats}
 
 
-def threads(vela: Vela2Model, plan: Vela2Plan, hidden: list[list[np.ndarray]], per_thread: int) -> dict[str, Any]:
+def threads(vela: Vela2Model, plan: Vela2Plan, hidden: list[list[np.ndarray]], count: int, per_thread: int) -> dict[str, Any]:
     def request() -> float:
         start = time.perf_counter()
         vela.finish(plan, vela.read([plan], hidden)[0])
@@ -111,13 +128,12 @@ def threads(vela: Vela2Model, plan: Vela2Plan, hidden: list[list[np.ndarray]], p
         request()  # warm-up
         return [request() for _ in range(per_thread)]
 
-    usage, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    with ThreadPoolExecutor(THREADS) as pool:
-        ms = [m for result in pool.map(client, range(THREADS)) for m in result]
-    wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
-    count = THREADS * (per_thread + 1)
-    cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
-    return {"request_ms": _summary(ms), "requests_per_s": round(count / wall, 2), "cpu_ms_per_request": round(cpu / count * 1e3, 3), "n": count}
+    cpu, start = _cpu_seconds(), time.perf_counter()
+    with ThreadPoolExecutor(count) as pool:
+        ms = [m for result in pool.map(client, range(count)) for m in result]
+    wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    requests = count * (per_thread + 1)
+    return {"request_ms": _summary(ms), "requests_per_s": round(requests / wall, 2), "cpu_ms_per_request": round(cpu / requests * 1e3, 3), "n": requests}
 
 
 def profile(vela: Vela2Model, plan: Vela2Plan, hidden: list[list[np.ndarray]], repeats: int) -> None:
@@ -128,7 +144,7 @@ def profile(vela: Vela2Model, plan: Vela2Plan, hidden: list[list[np.ndarray]], r
         for _ in range(repeats):
             call()
         profiler.disable()
-        print(f"== {name}, {repeats} requests: cumulative seconds")
+        print(f"== {name}, {repeats} requests")
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
@@ -137,7 +153,8 @@ def main() -> None:
     parser.add_argument("--label", required=True, help="before (main's runtime) or after")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--repeats", type=int, default=30, help="requests timed one at a time")
-    parser.add_argument("--per-thread", type=int, default=8, help="requests timed on each of the 8 threads")
+    parser.add_argument("--threads", type=int, default=8, help="threads running requests at once")
+    parser.add_argument("--per-thread", type=int, default=8, help="requests timed on each thread")
     parser.add_argument("--profile", action="store_true", help="print cProfile's view of read and finish")
     parser.add_argument("--answers", type=Path, help="also write the request's JSON answer here (to compare runs)")
     args = parser.parse_args()
@@ -148,18 +165,22 @@ def main() -> None:
     plan = vela.plan(case["request"])
     hidden = states(plan, vela.runner.hidden_size, rng)
     answer = vela.finish(plan, vela.read([plan], hidden)[0])
+    answer_bytes = json.dumps(answer).encode("utf-8")
     if args.answers:
-        args.answers.write_text(json.dumps(answer, sort_keys=True) + "\n", encoding="utf-8")
+        args.answers.write_bytes(answer_bytes)
     if args.profile:
         profile(vela, plan, hidden, args.repeats)
         return
     load = [os.getloadavg()[0]]
     blocks = [b for _, bs in plan.trees for b in bs if b.read]
-    results = {"single": single(vela, plan, hidden, args.repeats), f"threads-{THREADS}": threads(vela, plan, hidden, args.per_thread)}
+    results = {"single": single(vela, plan, hidden, args.repeats), f"threads-{args.threads}": threads(vela, plan, hidden, args.threads, args.per_thread)}
     load.append(os.getloadavg()[0])
+    path = [f"PYTHONPATH={os.environ['PYTHONPATH']}"] if "PYTHONPATH" in os.environ else []
     record = {
         "label": args.label,
-        "command": f"benchmarks/cpu-host-path/host_bench.py --label {args.label}",
+        "command": " ".join([*path, os.path.relpath(sys.executable), *sys.argv]),
+        "runtime": str(Path(runtime.__file__).parent),
+        "answer_sha256": hashlib.sha256(answer_bytes).hexdigest(),
         "request": {
             "case": CASE,
             "member_shapes": SIZE,
