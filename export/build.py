@@ -5,7 +5,9 @@ execution provider options to run them with:
 
 - ``cpu``: float32, the portable ``Scan`` graphs where exported. Their chunked rule rounds as the
   reference's does; the fused rule's token-by-token rounding, though nearer float64, drifts 1.09e-5
-  from the reference on one calibration case of the tiny member, past the 1e-5 CPU gate.
+  from the reference on one calibration case of the tiny member, past the 1e-5 CPU gate. Every ``Exp``
+  runs in float64, rounded once to float32 (``s1omni.export.cpu_exp``): ONNX Runtime's float32 ``Exp``
+  alone put the tiny member 1.25e-5 from the reference on an AVX-512 host.
 - ``cuda``: the ``fused`` graphs where exported, each Gated DeltaNet layer one contrib node that
   ``--gated-delta-kernel`` picks (``s1omni.export.cuda_kernels``), at ``--precision bf16`` (the default, the
   fastest: weight GEMMs in bfloat16, ``s1omni.export.bf16_gemms``, held to the gpu-reduced gate), ``fp32``
@@ -47,6 +49,7 @@ from s1omni.runtime.errors import InputError, UsageError
 from s1omni.runtime.staging import staged_directory
 
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
+from .cpu_exp import exp_in_float64
 from .cuda_fusions import fuse_norms, fuse_sigmoids
 from .cuda_kernels import INPUT_TYPES, KERNELS, chunked_prefill, use_gated_delta_net
 from .fp8_gemms import FP8_FILE, use_fp8_gemms
@@ -114,14 +117,17 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
 
 
 def _graph_rewrites(
-    kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool, weights: Bf16Weights,
-    fp8_weights: Bf16Weights, mixers: bool,
+    target: str, kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool,
+    weights: Bf16Weights, fp8_weights: Bf16Weights, mixers: bool,
 ) -> dict[str, Callable[[onnx.ModelProto], int]]:
-    """What a build rewrites in each backbone graph, in order: the Gated DeltaNet kernel (its q/k/v in
+    """What a build rewrites in each backbone graph, in order: on the CPU its exponentials in float64
+    (``s1omni.export.cpu_exp``), else the Gated DeltaNet kernel (its q/k/v in
     ``inputs``), the fused mixers (they match the spelling the export wrote), the norms and sigmoids, the
     merged projections, then the GEMMs' precision (merged weights are rounded as they are concatenated, so
     only bf16 builds merge; fp8 builds run the GEMMs float8 cannot take in bfloat16)."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
+    if target == "cpu":
+        rewrites["float64 Exp nodes"] = exp_in_float64
     if kernel == "GatedDeltaNet":  # a fused graph (kernel implies fused)
         rewrites["GatedDeltaNet nodes"] = lambda graph: use_gated_delta_net(graph, inputs)
     if mixers:
@@ -214,7 +220,7 @@ def build(
             op_fusion = op_fusion and target == "cuda"
             inputs = _gated_delta_inputs(gated_delta_inputs, kernel, precision)
             merged_projections = merged_projections and precision == "bf16"
-            rewrites = _graph_rewrites(kernel, inputs, precision, recurrence, op_fusion, merged_projections,
+            rewrites = _graph_rewrites(target, kernel, inputs, precision, recurrence, op_fusion, merged_projections,
                                        Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers)  # fmt: skip
             for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:

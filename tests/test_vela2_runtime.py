@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from s1omni.export.gate import load_gates
 from s1omni.runtime.errors import RequestError
 from s1omni.runtime.runners.base import Block, Prefix
 from tests.members import make_vela_member
 
+GATE_BOUND = load_gates("vela2")["cpu-fp32"]["max_probability"]
 WORDS = "Alice Müller visited 東京 and wrote to alice.m@example.com about https://example.org/x?y=1 (urgent). "
 
 
@@ -43,6 +45,9 @@ def test_golden_request_has_every_documented_field_in_order(tiny_model) -> None:
 
 
 def test_answers_do_not_depend_on_question_order(tiny_model) -> None:
+    """The same answers, within float32 rounding: reversed, the blocks share their forwards with other blocks
+    (padded to other widths), and the GEMMs round a row by the shape it is in (1.25e-6 measured on an
+    AVX-512 host). The bound is the cpu-fp32 gate's, what this project holds float32 rounding to."""
     body = tiny_model.golden_request()
     forward = tiny_model.answer(body)
     body["questions"] = dict(reversed(list(body["questions"].items())))
@@ -53,9 +58,9 @@ def test_answers_do_not_depend_on_question_order(tiny_model) -> None:
         assert set(answer) == set(other)
         for field, value in answer.items():
             if isinstance(value, float):
-                assert other[field] == pytest.approx(value, abs=1e-6)
+                assert other[field] == pytest.approx(value, abs=GATE_BOUND)
             elif isinstance(value, dict):
-                assert other[field] == pytest.approx(value, abs=1e-6)
+                assert other[field] == pytest.approx(value, abs=GATE_BOUND)
             else:
                 assert other[field] == value
     assert forward["spans"] == backward["spans"] or all(
