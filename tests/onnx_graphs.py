@@ -24,3 +24,17 @@ def structure(graph: onnx.GraphProto, outer: dict[str, str] | None = None, scope
         where.update({name: f"node {scope}{position}.{i}" for i, name in enumerate(node.output)})
     nodes.append(("outputs", [where[value.name] for value in graph.output]))
     return nodes
+
+
+def rms_norm_nodes(x: str, out: str) -> list[onnx.NodeProto]:
+    """``out = x / sqrt(mean(x²) + eps)`` over the last axis, spelled op by op as the export writes an RMSNorm
+    (before its weight); the graph holds the constants ``two``, ``last`` (``[-1]``) and ``eps``."""
+    return [
+        helper.make_node("Pow", [x, "two"], [f"{out}.square"]),
+        helper.make_node("ReduceMean", [f"{out}.square", "last"], [f"{out}.mean"]),
+        helper.make_node("Add", [f"{out}.mean", "eps"], [f"{out}.shifted"]),
+        helper.make_node("Sqrt", [f"{out}.shifted"], [f"{out}.root"]),
+        helper.make_node("Reciprocal", [f"{out}.root"], [f"{out}.inverse"]),
+        helper.make_node("Mul", [x, f"{out}.inverse"], [out]),
+    ]
+

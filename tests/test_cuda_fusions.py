@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from s1omni.export.cuda_fusions import fuse_norms, fuse_sigmoids
 from s1omni.runtime.runners.base import text_positions
 from tests.cuda_builds import validate_on_the_cpu
+from tests.onnx_graphs import rms_norm_nodes
 
 SPELLED_OUT = ("Pow", "ReduceMean", "Sqrt", "Reciprocal", "Exp")  # (the rotary keeps its Negs)
 
@@ -58,12 +59,7 @@ def test_the_rewrite_computes_the_norms_it_replaces() -> None:
     size, eps = 24, 1e-6
     weight = np.random.default_rng(0).standard_normal(size).astype(np.float32)
     nodes = [
-        helper.make_node("Pow", ["x", "two"], ["square"]),
-        helper.make_node("ReduceMean", ["square", "last"], ["mean"]),
-        helper.make_node("Add", ["mean", "eps"], ["shifted"]),
-        helper.make_node("Sqrt", ["shifted"], ["root"]),
-        helper.make_node("Reciprocal", ["root"], ["inverse"]),
-        helper.make_node("Mul", ["x", "inverse"], ["normed"]),
+        *rms_norm_nodes("x", "normed"),
         helper.make_node("Mul", ["weight", "normed"], ["rms"]),
         helper.make_node("Mul", ["x", "x"], ["l2_square"]),
         helper.make_node("ReduceSum", ["l2_square", "last"], ["l2_sum"]),

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from s1omni.export.mixer_fusions import fuse_gated_norms, fuse_short_convolutions
 from s1omni.runtime.runners.base import text_positions
 from tests.cli import run_s1omni, s1omni
+from tests.onnx_graphs import rms_norm_nodes
 
 LAYERS = 3  # the tiny member's Gated DeltaNet layers
 # Each output of a rewritten graph within this much of the largest value of the export's own: float32
@@ -136,12 +137,7 @@ def _mixers(bias: bool = False, silu: str = "spelled") -> onnx.ModelProto:
         helper.make_node("Conv", ["window", "weight", *(["bias"] if bias else [])], ["convolved"], group=CHANNELS, kernel_shape=[WINDOW + 1],
                          pads=[0, 0], strides=[1], dilations=[1]),  # fmt: skip
         *activation("convolved", "mixed"),
-        helper.make_node("Pow", ["h", "two"], ["square"]),
-        helper.make_node("ReduceMean", ["square", "last"], ["mean"]),
-        helper.make_node("Add", ["mean", "eps"], ["shifted"]),
-        helper.make_node("Sqrt", ["shifted"], ["root"]),
-        helper.make_node("Reciprocal", ["root"], ["inverse"]),
-        helper.make_node("Mul", ["h", "inverse"], ["rms"]),
+        *rms_norm_nodes("h", "rms"),
         helper.make_node("Mul", ["scale", "rms"], ["weighted"]),
         *activation("z", "gate"),
         helper.make_node("Mul", ["weighted", "gate"], ["normed"]),

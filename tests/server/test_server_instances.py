@@ -8,12 +8,11 @@ whichever copy answers them, answer byte for byte as each sent alone.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from serving import S1OMNI, Server
+from serving import S1OMNI
 
 REQUESTS = [
     {"state": text, "questions": {
@@ -30,15 +29,9 @@ REQUESTS = [
 ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def server(start, tiny_vela: Path) -> Iterator[Server]:
-    server = start(str(tiny_vela), "--instances", "2")
+def test_two_instances_load_and_answer_together_as_alone(start, tiny_vela: Path) -> None:
+    server = start(str(tiny_vela), "--instances", "2")  # stopped with the session's servers
     server.wait_status("ready")
-    yield server
-    server.stop()
-
-
-def test_two_instances_load_and_answer_together_as_alone(server: Server) -> None:
     assert "2 instances" in server.log()
     alone = [server.post(request) for request in REQUESTS]
     assert all(response.status_code == 200 for response in alone), [response.text for response in alone]
