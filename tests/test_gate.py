@@ -230,6 +230,7 @@ def test_a_saved_reference_is_reused_only_for_the_same_cases_device_and_precisio
     assert find_record([RECORD.parent], sha, cases_digest(changed), "cpu", "fp32") is None
     assert find_record([RECORD.parent], sha, digest, "cuda", "fp32") is None
     assert find_record([RECORD.parent], sha, digest, "cpu", "bf16") is None
+    assert find_record([RECORD.parent], "0" * 64, digest, "cpu", "fp32") is None  # another member's weights
     # A record under the right name that says it was made elsewhere is not taken either.
     where = record_dir(tmp_path, "cuda", "bf16")
     where.mkdir(parents=True)
