@@ -16,6 +16,7 @@ from typing import Any
 import onnx
 import pytest
 
+from s1omni.export.cpu_exp import exp_in_float64
 from s1omni.runtime.errors import PackageError
 from s1omni.runtime.omnijev.model import OmniJevModel
 from s1omni.runtime.registry import user_registry
@@ -98,8 +99,15 @@ def test_build_carries_every_export_file(exported: Path, engine: Path) -> None:
     source = json.loads((exported / "manifest.json").read_text())
     assert (built["stage"], built["family"], built["backend"], built["target"]) == ("engine", "omnijev", "onnxruntime", "cpu")
     assert built["source"]["export_files"] == source["files"] and built["recurrence"] == "scan"
-    # Every export file but the fused graphs (a CPU engine runs the portable ones).
-    assert built["files"] == {name: digest for name, digest in source["files"].items() if ".fused." not in name}
+    # Every export file but the fused graphs (a CPU engine runs the portable ones), the backbone graphs with
+    # their exponentials in float64 (s1omni.export.cpu_exp) and otherwise the export's.
+    rewritten = ("prefill.onnx", "continue.onnx")
+    kept = {name: digest for name, digest in source["files"].items() if ".fused." not in name and name not in rewritten}
+    assert {name: built["files"][name] for name in kept} == kept and set(built["files"]) == {*kept, *rewritten}
+    for name in rewritten:
+        expected = onnx.load(str(exported / name), load_external_data=False)
+        assert exp_in_float64(expected) > 0
+        assert onnx.load(str(engine / name), load_external_data=False) == expected
 
 
 def test_an_unvalidated_engine_is_refused(exported: Path, tmp_path: Path) -> None:
