@@ -18,7 +18,7 @@ A CUDA build therefore rewrites, in the top-level graph only:
 - each sigmoid as ``Sigmoid``, and each SiLU ``x / (1 + exp(-x))`` as ``x · Sigmoid(x)``.
 
 Both change float32 rounding only (a few ulps); the GPU gate is what holds the result. The matching
-pieces (``GraphIndex``, ``rms_norms``, ``other_input``, ``replace_nodes``) serve
+pieces (``attribute``, ``GraphIndex``, ``rms_norms``, ``other_input``, ``replace_nodes``) serve
 ``s1omni.export.mixer_fusions`` too, which runs before these rewrites.
 """
 
@@ -30,6 +30,17 @@ from collections.abc import Iterator
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+
+_REQUIRED = object()
+
+
+def attribute(node: onnx.NodeProto, name: str, default: object = _REQUIRED) -> object:
+    """The value of ``node``'s attribute ``name``: ``default`` where the node has none, an error where no default is given."""
+    found = next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), _REQUIRED)
+    if found is _REQUIRED and default is _REQUIRED:
+        raise KeyError(f"{node.op_type} node {node.name!r} has no attribute {name!r}")
+    return default if found is _REQUIRED else found
 
 
 class GraphIndex:
@@ -68,8 +79,7 @@ class GraphIndex:
         return dims[-1].dim_value or None if dims else None
 
     def reduces_last_axis(self, node: onnx.NodeProto) -> bool:
-        keepdims = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "keepdims"), 1)
-        if keepdims != 1 or len(node.input) < 2 or node.input[1] not in self.constants:
+        if attribute(node, "keepdims", 1) != 1 or len(node.input) < 2 or node.input[1] not in self.constants:
             return False
         axes = numpy_helper.to_array(self.constants[node.input[1]]).tolist()
         rank = len(self.shapes.get(node.input[0], ()))

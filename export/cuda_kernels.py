@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .cuda_fusions import attribute
 from .naming import CONTRIB_DOMAIN
 
 KERNELS = ("LinearAttention", "GatedDeltaNet")
@@ -46,10 +47,6 @@ KERNELS = ("LinearAttention", "GatedDeltaNet")
 INPUT_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
 CHUNKED_HEAD_SIZE = 128  # the only head size of the chunked engine
 CHUNKED_MIN_TOKENS = 32  # per row: below it the plan takes the sequential engine
-
-
-def _attribute(node: onnx.NodeProto, name: str) -> int:
-    return next(helper.get_attribute_value(a) for a in node.attribute if a.name == name)
 
 
 def gated_delta_net_nodes(
@@ -60,8 +57,8 @@ def gated_delta_net_nodes(
     query, key, value, state, decay, beta = node.input
     output, present = node.output
     tag = f"gdn{index}"
-    heads = _attribute(node, "q_num_heads")
-    if _attribute(node, "kv_num_heads") != heads:
+    heads = attribute(node, "q_num_heads")
+    if attribute(node, "kv_num_heads") != heads:
         raise ValueError(f"{node.name}: grouped LinearAttention is not rewritten")
     cast = INPUT_TYPES[inputs] != TensorProto.FLOAT
     nodes = []

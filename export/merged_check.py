@@ -21,8 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from s1omni.calib import CALIB
 from s1omni.runtime import progress
 from s1omni.runtime.engine import load_engine_model, read_manifest, record_merged
@@ -31,6 +29,7 @@ from s1omni.runtime.errors import UsageError
 from .families import export_family
 from .gate import CaseRecord, judge, load_gates
 from .reference import layout_digest, load_cases
+from .tree_runner import flat_hidden
 
 GATE_ON = {"cpu": "cpu-fp32", "cuda": "gpu"}  # the device's fixed gate judges merged against alone
 MERGING_FAMILIES = ("vela2",)  # the families whose requests merge (``batching``)
@@ -40,8 +39,7 @@ def _records(model: Any, cases: Sequence[dict[str, Any]], plans: Sequence[Any], 
     """The gate's view of each case from the hidden states ``model.forward`` gave its plan."""
     records = []
     for case, plan, states in zip(cases, plans, hidden, strict=True):
-        rows = [block for tree in states for block in tree]
-        tensors = {"hidden": np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, 0), np.float32)}
+        tensors = {"hidden": flat_hidden(states, model.runner.hidden_size)}
         response = model.finish(plan, model.readout(plan, states))
         records.append(CaseRecord(case["name"], layout_digest(plan), response, tensors, response["usage"]["input_tokens"]))
     return records

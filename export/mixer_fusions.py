@@ -49,14 +49,10 @@ from collections.abc import Callable, Iterator
 import onnx
 from onnx import helper
 
-from .cuda_fusions import GraphIndex, other_input, replace_nodes, rms_norms
+from .cuda_fusions import GraphIndex, attribute, other_input, replace_nodes, rms_norms
 from .naming import CONTRIB_DOMAIN
 
 Replacement = tuple[list[onnx.NodeProto], list[onnx.NodeProto]]
-
-
-def _attribute(node: onnx.NodeProto, name: str, default: object = None) -> object:
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
 
 
 def _dims(index: GraphIndex, name: str) -> list[int | str] | None:
@@ -134,13 +130,13 @@ def _causal(index: GraphIndex, producers: dict[str, onnx.NodeProto], conv: onnx.
     if not (past and x and len(past) == len(x) == 3 and past[1:] == [channels, kernel - 1] and x[1] == channels):
         return False
     attributes = {
-        "group": _attribute(conv, "group", 1) == channels,
-        "kernel_shape": _attribute(conv, "kernel_shape", [kernel]) == [kernel],
-        "strides": _attribute(conv, "strides", [1]) == [1],
-        "dilations": _attribute(conv, "dilations", [1]) == [1],
-        "pads": _attribute(conv, "pads", [0, 0]) == [0, 0],
-        "auto_pad": _attribute(conv, "auto_pad", b"NOTSET") in (b"NOTSET", b"VALID"),
-        "axis": _attribute(concat, "axis") in (-1, 2),
+        "group": attribute(conv, "group", 1) == channels,
+        "kernel_shape": attribute(conv, "kernel_shape", [kernel]) == [kernel],
+        "strides": attribute(conv, "strides", [1]) == [1],
+        "dilations": attribute(conv, "dilations", [1]) == [1],
+        "pads": attribute(conv, "pads", [0, 0]) == [0, 0],
+        "auto_pad": attribute(conv, "auto_pad", b"NOTSET") in (b"NOTSET", b"VALID"),
+        "axis": attribute(concat, "axis", None) in (-1, 2),
     }
     return all(attributes.values())
 
@@ -168,7 +164,7 @@ def _gated_norms(index: GraphIndex, producers: dict[str, onnx.NodeProto], graph:
             name=f"{product.output[0]}/GatedRMSNorm",
             domain=CONTRIB_DOMAIN,
             activation="silu",
-            epsilon=_attribute(norm, "epsilon"),
+            epsilon=attribute(norm, "epsilon"),
         )
         yield [*replaced, *activation, product], [fused]
 

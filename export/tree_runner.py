@@ -131,13 +131,18 @@ class TreeRunner(BaseRunner):
         hidden = self.backbone.run(trees)
         self.inference_time = time.perf_counter() - start
         self.iterations += 1
-        rows = [block for tree in hidden for block in tree]
-        width = self.backbone.hidden_size
-        outputs["hidden"] = np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, width), np.float32)
+        outputs["hidden"] = flat_hidden(hidden, self.backbone.hidden_size)
         return outputs
 
     def deactivate_impl(self) -> None:
         pass
+
+
+def flat_hidden(hidden: Sequence[Sequence[np.ndarray]], width: int) -> np.ndarray:
+    """Per-tree, per-block readout states as the one ``hidden`` output ``[rows, width]`` (``split_hidden``
+    undoes it)."""
+    rows = [block for tree in hidden for block in tree]
+    return np.concatenate(rows).astype(np.float32) if rows else np.zeros((0, width), np.float32)
 
 
 def split_hidden(hidden: np.ndarray, trees: Sequence[Tree]) -> list[list[np.ndarray]]:

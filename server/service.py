@@ -107,9 +107,10 @@ class Service:
             if copy is not None:
                 card["profiles"] = [*card["profiles"], max_speed_entry(self.family.limits, copy.card())]
                 log.info("max_speed on the reduced copy %s (consent: %s)", copy.path, copy.card()["consent"])
-            golden = model.plan(model.golden_request())
-            for other, _ in instances[1:]:
-                other.forward([golden])  # each further copy warmed (its CUDA graphs captured) before it takes a request
+            if len(instances) > 1:  # each further copy warmed (its CUDA graphs captured) before it takes a request
+                golden = model.plan(model.golden_request())
+                for other, _ in instances[1:]:
+                    other.forward([golden])
             self.scheduler = Scheduler([self._forwards(*instance) for instance in instances], self.family.limits, self.metrics)
             self.scheduler.start()
             self.family.bind(model, card, self.scheduler)
