@@ -11,8 +11,9 @@ synthetic member that alone put the engine 1.25e-5 from the float32 reference on
 to 2.5e-6 for ``Exp``, against 6.3e-6 for ``MatMul``, 7.8e-6 for ``Softplus`` and 1.23e-5 for the
 rotary ``Cos`` and ``Sin``; with this rewrite the 45 calibration cases pass at 5.96e-6. Rounding the
 float64 result once is nearer torch's own exp (which agrees with it on 99% of inputs), not a precision
-the reference lacks. It costs little: the tiny member's router request (2,977 tokens) went from 343.6
-to 358.5 ms (best of 8 on a loaded 2-core host).
+the reference lacks. It is not free: the tiny member's router request (2,977 tokens, the CPU engine's
+``answer``) went from 171.1 / 193.0 / 223.2 to 216.6 / 238.2 / 257.2 ms p50 in three interleaved runs of
+8 on the 2-core host (about +40 ms, a fifth), the float64 exponentials of every SiLU and decay.
 
 Only the CPU build takes it: the CUDA EP's exp is not the CPU's, and the GPU gates are what hold it.
 """
