@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 
 from ..engine import engine_runner
 from ..identity import Identity
+from ..runners.capture_lock import device_run
 from ..runners.onnxruntime_runner import providers
 from .heads import Heads
 from .image import Pixels, Processor
@@ -41,6 +42,7 @@ class VisionSession:
         self.session = onnxruntime.InferenceSession(str(path), providers=providers(kind, device_id, provider_options or {}))
         self.config = config
 
+    @device_run
     def __call__(self, pixels: Pixels) -> np.ndarray:
         feeds = {"pixel_values": pixels.values, **grid_inputs(pixels.grid, self.config)}
         return self.session.run(None, feeds)[0]

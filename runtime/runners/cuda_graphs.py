@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime
 
+from .capture_lock import CAPTURE_LOCK
+
 GRAPH_ID = "gpu_graph_id"
 UNCAPTURED = -1
 # Widths above 8 round up to a multiple of 1/8 of their octave: at most 12.5% padding, eight graphs an octave.
@@ -78,7 +80,10 @@ class Graph:
         if self.runs == 0:
             for _ in range(WARMUP_RUNS):
                 self.session.run_with_iobinding(self.binding, run_options(UNCAPTURED))
-        self.session.run_with_iobinding(self.binding, self.options)
+            with CAPTURE_LOCK.exclusive():  # no other thread's CUDA call may fall inside the capture
+                self.session.run_with_iobinding(self.binding, self.options)
+        else:
+            self.session.run_with_iobinding(self.binding, self.options)
         self.runs += 1
 
 

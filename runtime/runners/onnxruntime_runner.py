@@ -35,6 +35,7 @@ from onnx import TensorProto, helper
 
 from ..errors import EnvironmentMissing
 from .base import Block, Prefix, Tree, pad_blocks, text_positions
+from .capture_lock import device_run
 from .cuda_graphs import UNCAPTURED, Graph, GraphedSession, bucket, run_options
 
 GATHER_OPSET = 18
@@ -160,15 +161,18 @@ class OnnxRuntimeRunner:
             raise ValueError(f"{engine_dir}: continue.onnx does not take the state prefill.onnx returns")
         self._rows = onnxruntime.InferenceSession(row_gather_graph(self._names), providers=chosen)  # never captured
 
+    @device_run
     def prefill(self, prefix: Prefix) -> PrefixState:
         return self._prefill_batch([prefix])
 
+    @device_run
     def continue_blocks(self, state: PrefixState, prefix: Prefix, blocks: Sequence[Block]) -> list[np.ndarray]:
         """Hidden states at each block's readouts, every block continuing from ``state`` (one prefix)."""
         if not blocks:
             return []
         return self._continue_grouped(state, np.zeros(len(blocks), np.int64), blocks)
 
+    @device_run
     def run(self, trees: Sequence[Tree]) -> list[list[np.ndarray]]:
         """All trees in one prefill call, their blocks in continue calls grouped by length (trees without blocks are skipped)."""
         busy = [index for index, tree in enumerate(trees) if tree.blocks]
