@@ -36,3 +36,18 @@ def test_a_long_difference_is_cut_to_three_spans() -> None:
     engine = _answer([("PER", start, start + 1, 0.6) for start in range(0, 10, 2)])
     stats = compare(_answer([]), engine, margin=0.05)
     assert stats.problems[0].endswith("reference only: none; engine only: PER [0, 1) p=0.600000, PER [2, 3) p=0.600000, PER [4, 5) p=0.600000 and 2 more")
+
+
+def test_a_span_threshold_moved_by_the_sparse_gate_is_a_span_set_decided_otherwise() -> None:
+    spans = [("PER", 0, 5, 0.9)]
+    engine = {**_answer(spans), "thresholds": {"q": 0.1}}
+    stats = compare(_answer(spans), engine, margin=0.05)
+    assert stats.failures == [] and (stats.span_sets, stats.same_span_sets) == (1, 0)
+    assert stats.problems == ["spans.q: decoded at threshold 0.100000 where the reference decoded at 0.500000 (the PII sparse gate)"]
+
+
+def test_another_threshold_fails_the_case() -> None:
+    reference = {**_answer([]), "thresholds": {"q": 0.5, "labels": 0.4}}
+    engine = {**_answer([]), "thresholds": {"q": 0.5, "labels": 0.3}}
+    stats = compare(reference, engine, margin=0.05)
+    assert stats.failures == ["thresholds.labels: 0.3 != 0.4"] and (stats.span_sets, stats.same_span_sets) == (1, 1)
