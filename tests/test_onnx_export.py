@@ -390,3 +390,33 @@ def test_blocks_are_grouped_by_length_so_padding_stays_bounded() -> None:
         assert len(group) == 1 or widest * len(group) <= 1.25 * sum(lengths[i] for i in group)
     assert groups == [[1, 2], [4], [0, 5], [3]]
     assert length_groups([10, 10, 10], 1.25) == [[0, 1, 2]] and length_groups([], 1.25) == []
+
+
+def test_trees_are_batched_as_the_reference_batches_them() -> None:
+    from s1omni.runtime.runners.onnxruntime_runner import MAX_BATCH_PADDED_TOKENS, MAX_BATCH_TREES, tree_batches
+
+    assert (MAX_BATCH_TREES, MAX_BATCH_PADDED_TOKENS) == (32, 24_576)  # vela2-decoder.md §2.9
+    tokens = [5_000, 3_000, 30_000, 3_000, 6_500, 100]
+    batches = tree_batches(tokens)
+    assert batches == [[5, 1, 3, 0], [4], [2]]  # ascending; 6,500 x 5 would pass 24,576; 30,000 alone
+    assert all(len(b) == 1 or max(tokens[i] for i in b) * len(b) <= MAX_BATCH_PADDED_TOKENS for b in batches)
+    assert [len(b) for b in tree_batches([10] * 70)] == [32, 32, 6] and tree_batches([]) == []
+
+
+@pytest.mark.slow
+def test_a_run_over_several_batches_answers_each_tree_in_its_place(
+    runner: OnnxRuntimeRunner, reference: TorchRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounds lowered so that five trees make four batches, given out of order and beside a tree without
+    blocks: each tree's hidden states come back in its own place, as one batch gives them and as the
+    reference does."""
+    from s1omni.runtime.runners import onnxruntime_runner
+
+    rng = np.random.default_rng(11)
+    trees = [_tree(rng, *lengths) for lengths in ((90, 12), (20, 5, 7), (40,), (60, 9), (20, 30), (130, 4))]
+    together = runner.run(trees)
+    monkeypatch.setattr(onnxruntime_runner, "MAX_BATCH_TREES", 2)
+    monkeypatch.setattr(onnxruntime_runner, "MAX_BATCH_PADDED_TOKENS", 150)
+    assert len(onnxruntime_runner.tree_batches([tree.tokens for tree in trees if tree.blocks])) == 4
+    apart = runner.run(trees)
+    assert apart[2] == [] and _max_abs(apart, together) <= GATE and _max_abs(apart, reference.run(trees)) <= GATE

@@ -1,7 +1,11 @@
 """The ONNX Runtime runner: the exported ``prefill.onnx`` and ``continue.onnx`` on the CPU or CUDA EP.
 
-``run`` batches the trees it is given: their prefixes left-padded into one prefill call, then all
-their blocks right-padded into one continue call, each block reading its owner's state row. The
+``run`` batches the trees it is given as the reference batches a request's trees (``tree_batches``: at most
+32 trees and 24,576 padded tokens a batch); per batch, the prefixes left-padded into one prefill call,
+then its blocks right-padded into continue calls grouped by length, each block reading its owner's
+state row. The bound keeps a call's memory finite: the fused graphs attend unchunked, so a prefill's
+scores grow as rows x width^2 (one of 15 rows x 5,632 tokens, a merged batch with a windowed span
+request, asked ONNX Runtime for 15 GB score tensors on the H200 and failed: benchmarks/h200-0.8B-mixers). The
 state stays in ONNX Runtime values between the two calls (on the GPU under CUDA, through I/O
 binding); a small Gather graph picks the owners' rows, so only token ids go in and only the
 hidden states at the readouts come out.
@@ -42,6 +46,11 @@ GATHER_OPSET = 18
 # A continue call may pad its blocks to at most this many times their tokens; wider spreads split.
 PADDING_SLACK = 1.25
 GATHER_IR_VERSION = 8  # onnx writes its newest IR version by default; ONNX Runtime reads up to its own
+# The reference's exact batching of a request's trees (vela2-decoder.md §2.9, from
+# vllm-project/semantic-router:src/model-runtime/vllm_srun/families/vela2/members.py): a batch closes
+# before it would pass 32 trees, or its widest tree x its tree count would pass 24,576 tokens.
+MAX_BATCH_TREES = 32
+MAX_BATCH_PADDED_TOKENS = 24_576
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,22 @@ def embed(table: np.ndarray, prefixes: Sequence[Prefix], ids: np.ndarray) -> np.
         if prefix.embeds is not None:
             embeds[row, width - len(prefix.ids) + np.asarray(prefix.embed_index)] = prefix.embeds
     return embeds
+
+
+def tree_batches(tokens: Sequence[int]) -> list[list[int]]:
+    """Indices of trees of these total ``tokens`` (prefix and blocks) in batches, in ascending order of
+    tokens, each closed before it passes ``MAX_BATCH_TREES`` or ``MAX_BATCH_PADDED_TOKENS``; a tree over
+    the token bound alone is a batch of its own."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in sorted(range(len(tokens)), key=lambda i: tokens[i]):  # ascending: the newest is the widest
+        if current and (len(current) == MAX_BATCH_TREES or tokens[index] * (len(current) + 1) > MAX_BATCH_PADDED_TOKENS):
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
 
 
 def length_groups(lengths: Sequence[int], slack: float) -> list[list[int]]:
@@ -174,16 +199,17 @@ class OnnxRuntimeRunner:
 
     @device_run
     def run(self, trees: Sequence[Tree]) -> list[list[np.ndarray]]:
-        """All trees in one prefill call, their blocks in continue calls grouped by length (trees without blocks are skipped)."""
+        """Per batch of ``tree_batches``, one prefill call, then its blocks in continue calls grouped by
+        length (trees without blocks are skipped)."""
         busy = [index for index, tree in enumerate(trees) if tree.blocks]
         out: list[list[np.ndarray]] = [[] for _ in trees]
-        if not busy:
-            return out
-        state = self._prefill_batch([trees[index].prefix for index in busy])
-        owners = np.array([row for row, index in enumerate(busy) for _ in trees[index].blocks], np.int64)
-        hidden = iter(self._continue_grouped(state, owners, [block for index in busy for block in trees[index].blocks]))
-        for index in busy:
-            out[index] = [next(hidden) for _ in trees[index].blocks]
+        for batch in tree_batches([trees[index].tokens for index in busy]):
+            chosen = [busy[position] for position in batch]
+            state = self._prefill_batch([trees[index].prefix for index in chosen])
+            owners = np.array([row for row, index in enumerate(chosen) for _ in trees[index].blocks], np.int64)
+            hidden = iter(self._continue_grouped(state, owners, [block for index in chosen for block in trees[index].blocks]))
+            for index in chosen:
+                out[index] = [next(hidden) for _ in trees[index].blocks]
         return out
 
     def _prefill_batch(self, prefixes: Sequence[Prefix]) -> PrefixState:
