@@ -36,7 +36,7 @@ PROFILE_ITERATIONS = 5
 MEMBER_KEYS = ("id", "family", "repo", "revision", "model_sha256", "manifest_sha256", "parameters", "weights")
 ENGINE_KEYS = (
     "backend", "target", "device", "precision", "recurrence", "gated_delta_kernel", "gated_delta_inputs", "op_fusion", "merged_projections",
-    "fused_mixers", "cuda_graphs", "library", "library_version", "provider_options",
+    "fused_mixers", "fused_attention", "cuda_graphs", "library", "library_version", "provider_options",
 )  # fmt: skip
 
 
@@ -81,7 +81,7 @@ def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
     """``reference``, then ``backend/target[/kernel][/precision][/unfused][/graphs][/gdn16][/merged][/mixers]`` per
     engine, the precision where it is not float32, ``unfused`` for a CUDA build without op fusion, ``graphs`` for one
     replaying CUDA graphs, ``gdn16`` and ``merged`` for a bf16 build with float16 GatedDeltaNet inputs or merged
-    projections, ``mixers`` for one with fused mixers (numbered where two engines share one)."""
+    projections, ``mixers`` and ``attn`` for one with fused mixers or attention (numbered where two engines share one)."""
     names = [REFERENCE]
     for manifest in manifests:
         precision = manifest.get("precision") if manifest.get("precision") != "fp32" else None
@@ -90,7 +90,9 @@ def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
         gdn16 = "gdn16" if manifest.get("gated_delta_inputs") == "fp16" else None
         merged = "merged" if manifest.get("merged_projections") else None
         mixers = "mixers" if manifest.get("fused_mixers") else None
-        parts = (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision, unfused, graphs, gdn16, merged, mixers)
+        attention = "attn" if manifest.get("fused_attention") else None
+        parts = (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision, unfused, graphs, gdn16, merged, mixers,
+                 attention)  # fmt: skip
         name = "/".join(part for part in parts if part)
         names.append(name if name not in names else f"{name}#{len(names)}")
     return names

@@ -8,7 +8,7 @@ HELP = "build an engine from an export directory: ONNX Runtime (cpu, cuda) or a 
 # The manifest fields --json reports beside the engine directory and its member.
 ENGINE_KEYS = (
     "backend", "target", "precision", "recurrence", "gated_delta_kernel", "gated_delta_inputs", "op_fusion", "merged_projections",
-    "fused_mixers", "cuda_graphs",
+    "fused_mixers", "fused_attention", "cuda_graphs",
 )  # fmt: skip
 
 
@@ -65,6 +65,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "SiLU) as one CausalConvWithState and each gated output norm as one GatedRMSNorm, ONNX Runtime contrib ops",
     )
     parser.add_argument(
+        "--fused-attention",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="onnxruntime/cuda only, opt-in until validated on an H200: each full-attention layer's scores, mask, softmax "
+        "and weighted sum as one MultiHeadAttention (ONNX Runtime contrib op; the graph's own mask as its attention_bias), "
+        "no [rows, heads, S, T] float32 score tensors where its memory-efficient kernel runs",
+    )
+    parser.add_argument(
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
         help="onnxruntime/cuda only, on by default there: replay each shape of the smaller calls (up to "
@@ -84,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     out = build(
         args.export_dir, args.backend, args.target, out, args.precision, args.gated_delta_kernel, args.op_fusion, args.cuda_graphs,
         gated_delta_inputs=args.gated_delta_inputs, merged_projections=args.merged_projections, fused_mixers=args.fused_mixers,
+        fused_attention=args.fused_attention,
     )  # fmt: skip
     manifest = read_manifest(out)
     result = {"engine": str(out), **{key: manifest.get(key) for key in ENGINE_KEYS}, "member": manifest["member"]}

@@ -20,7 +20,9 @@ execution provider options to run them with:
   projections that read one activation into one GEMM each (``s1omni.export.merged_projections``); fp32 and tf32
   builds keep the exported graph's. ``--fused-mixers``, at every precision, is opt-in until H200 records validate
   it too: each Gated DeltaNet short convolution and gated output norm becomes one contrib op
-  (``s1omni.export.mixer_fusions``). TF32 matmuls are
+  (``s1omni.export.mixer_fusions``). ``--fused-attention`` (every precision, opt-in: it has not run on a GPU)
+  makes each full-attention layer's scores, mask, softmax and weighted sum one ``MultiHeadAttention``
+  (``s1omni.export.attention_fusions``). TF32 matmuls are
   faster but flipped 2 of 24 span sets of the 0.8B synthetic member on the H200, a GPU-gate miss
   (``benchmarks/h200-0.8B-kernels``). Their norms and sigmoids become single ONNX Runtime ops
   (``s1omni.export.cuda_fusions``) unless ``--no-op-fusion``. By default (``--no-cuda-graphs`` turns it off) the runner replays each
@@ -48,6 +50,7 @@ from s1omni.runtime.engine import read_stage, write_manifest
 from s1omni.runtime.errors import InputError, UsageError
 from s1omni.runtime.staging import staged_directory
 
+from .attention_fusions import fuse_attention
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
 from .cpu_exp import exp_in_float64
 from .cuda_fusions import fuse_norms, fuse_sigmoids
@@ -118,11 +121,11 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
 
 def _graph_rewrites(
     target: str, kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool,
-    weights: Bf16Weights, fp8_weights: Bf16Weights, mixers: bool,
+    weights: Bf16Weights, fp8_weights: Bf16Weights, mixers: bool, attention: bool,
 ) -> dict[str, Callable[[onnx.ModelProto], int]]:
     """What a build rewrites in each backbone graph, in order: on the CPU its exponentials in float64
     (``s1omni.export.cpu_exp``), else the Gated DeltaNet kernel (its q/k/v in
-    ``inputs``), the fused mixers (they match the spelling the export wrote), the norms and sigmoids, the
+    ``inputs``), the fused mixers and attention (they match the spelling the export wrote), the norms and sigmoids, the
     merged projections, then the GEMMs' precision (merged weights are rounded as they are concatenated, so
     only bf16 builds merge; fp8 builds run the GEMMs float8 cannot take in bfloat16)."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
@@ -133,6 +136,8 @@ def _graph_rewrites(
     if mixers:
         rewrites["CausalConvWithState nodes"] = fuse_short_convolutions
         rewrites["GatedRMSNorm nodes"] = fuse_gated_norms
+    if attention:
+        rewrites["MultiHeadAttention nodes"] = fuse_attention
     if op_fusion:
         rewrites["fused norms"] = fuse_norms
         rewrites["sigmoids"] = fuse_sigmoids
@@ -182,14 +187,15 @@ def build(
     gated_delta_inputs: str | None = None,
     merged_projections: bool = False,
     fused_mixers: bool = False,
+    fused_attention: bool = False,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
     ``op_fusion`` (``s1omni.export.cuda_fusions``), ``cuda_graphs`` (``s1omni.runtime.runners.cuda_graphs``; None:
     on for onnxruntime/cuda), ``gated_delta_inputs``, the type of GatedDeltaNet's q/k/v
     (``s1omni.export.cuda_kernels.INPUT_TYPES``; None: fp32), ``merged_projections``
-    (``s1omni.export.merged_projections``; bf16 builds only) and ``fused_mixers``
-    (``s1omni.export.mixer_fusions``)."""
+    (``s1omni.export.merged_projections``; bf16 builds only), ``fused_mixers``
+    (``s1omni.export.mixer_fusions``) and ``fused_attention`` (``s1omni.export.attention_fusions``)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -198,6 +204,9 @@ def build(
     if fused_mixers and (backend, target) != ("onnxruntime", "cuda"):
         raise UsageError("--fused-mixers is for onnxruntime/cuda: TensorRT parses no ONNX Runtime contrib op, and the ops' CPU "
                          "kernels are slower than the exported spelling")  # fmt: skip
+    if fused_attention and (backend, target) != ("onnxruntime", "cuda"):
+        raise UsageError("--fused-attention is for onnxruntime/cuda: TensorRT parses no ONNX Runtime contrib op, and CPU engines run "
+                         "the portable graphs, which attend in chunks already")  # fmt: skip
     if precision == "fp8" and (backend, target) != ("onnxruntime", "cuda"):
         raise UsageError("--precision fp8 (the reduced copy max_speed serves) is for onnxruntime/cuda only: GemmFloat8 is a CUDA kernel")
     if precision == "fp8" and cuda_graphs:  # GemmFloat8 allocates its workspace on every call: nothing a CUDA graph can capture
@@ -221,7 +230,7 @@ def build(
             inputs = _gated_delta_inputs(gated_delta_inputs, kernel, precision)
             merged_projections = merged_projections and precision == "bf16"
             rewrites = _graph_rewrites(target, kernel, inputs, precision, recurrence, op_fusion, merged_projections,
-                                       Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers)  # fmt: skip
+                                       Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers, fused_attention)  # fmt: skip
             for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:
                     progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...")
@@ -247,6 +256,7 @@ def build(
                 "op_fusion": op_fusion,
                 "merged_projections": merged_projections,
                 "fused_mixers": fused_mixers,
+                "fused_attention": fused_attention,
                 "cuda_graphs": cuda_graphs,
                 "provider_options": ORT_PRECISIONS[target][precision],
             }
