@@ -40,8 +40,9 @@ flash attention and the TensorRT kernels are float16-only and take no ``attentio
 memory-efficient (CUTLASS) kernel when the query or key length is at least 256
 (``ORT_MIN_SEQ_LEN_EFFICIENT_ATTENTION_FP32``) and, with a bias, the query length is a multiple of 16;
 otherwise the op's unfused kernel, which still holds one ``[B, N, S, T]`` float32 score tensor (the graph
-held several). So the memory win needs query widths padded to multiples of 16; shorter calls
-gain fewer launches only. Not covered: the portable (``Scan``, chunked) graphs, which already attend in
+held several). So the memory win needs query widths that are multiples of 16: with ``--cuda-graphs`` every width over
+128 rounds up to one (``s1omni.runtime.runners.cuda_graphs.bucket``: steps of 16 up to 256, 32 up to 512, ...),
+so the long calls qualify; shorter calls gain fewer launches only. Not covered: the portable (``Scan``, chunked) graphs, which already attend in
 chunks and which TensorRT parses (no contrib op); any spelling other than the one above (a different
 scale position, a mask with a head axis, a softmax not over keys) is left as exported. It changes float32
 rounding only (``tests/test_attention_fusions.py`` holds the tiny member's graphs to it on the CPU EP).
