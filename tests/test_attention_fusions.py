@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.attention_fusions import SAFE_MASK, fuse_attention
 from tests.cli import run_s1omni, s1omni
-from tests.test_mixer_fusions import _largest_moves, _prefill_feeds, _run
+from tests.test_mixer_fusions import _continue_feeds, _largest_moves, _prefill_feeds, _run
 
 ATTENTION_LAYERS = 1  # the tiny member's full-attention layer (4 query heads over 2 key/value heads, head size 32)
 # Each output of the fused engine within this much of the largest value of the plain engine's: float32 rounding
@@ -32,11 +32,7 @@ def _answers(prefill: onnx.ModelProto | str, continued: onnx.ModelProto | str) -
     answers = {f"prefill {name}": value for name, value in state.items()}
     rng = np.random.default_rng(6)
     for tokens in (1, 6):
-        lengths = feeds["attention_mask"].sum(axis=1)
-        past = {f"past_{name}": value for name, value in state.items() if name != "hidden"}
-        steps = {"input_ids": rng.integers(1, 2048, (2, tokens)), "position_ids": (lengths[:, None] + np.arange(tokens))[None].repeat(3, axis=0),
-                 "past_mask": feeds["attention_mask"], "readout_index": np.tile(np.arange(tokens), (2, 1)), **past}  # fmt: skip
-        answers.update({f"continue {tokens} {name}": value for name, value in _run(continued, steps).items()})
+        answers.update({f"continue {tokens} {name}": value for name, value in _run(continued, _continue_feeds(feeds, state, tokens, rng)).items()})
     return answers
 
 

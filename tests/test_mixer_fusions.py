@@ -46,6 +46,14 @@ def _prefill_feeds(lengths: list[int]) -> dict[str, np.ndarray]:
     return {"input_ids": ids, "position_ids": positions, "attention_mask": mask, "readout_index": np.tile(np.arange(width), (len(lengths), 1))}
 
 
+def _continue_feeds(prefill: dict[str, np.ndarray], state: dict[str, np.ndarray], tokens: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A block of ``tokens`` per row of ``prefill`` (``_prefill_feeds``), continuing from its outputs ``state``."""
+    lengths = prefill["attention_mask"].sum(axis=1)
+    past = {f"past_{name}": value for name, value in state.items() if name != "hidden"}
+    return {"input_ids": rng.integers(1, 2048, (len(lengths), tokens)), "position_ids": (lengths[:, None] + np.arange(tokens))[None].repeat(3, axis=0),
+            "past_mask": prefill["attention_mask"], "readout_index": np.tile(np.arange(tokens), (len(lengths), 1)), **past}  # fmt: skip
+
+
 def _largest_moves(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> dict[str, float]:
     """Each output's largest difference, as a fraction of the largest value of ``want``'s."""
     assert got.keys() == want.keys()
@@ -101,10 +109,7 @@ def test_fused_mixers_answer_as_the_exported_ops_to_float32_rounding(exported: P
     moves = {f"prefill {name}": move for name, move in _largest_moves(_run(pairs["prefill"][1], feeds), state).items()}
     rng = np.random.default_rng(6)
     for tokens in (1, 6):
-        lengths = feeds["attention_mask"].sum(axis=1)
-        past = {f"past_{name}": value for name, value in state.items() if name != "hidden"}
-        steps = {"input_ids": rng.integers(1, 2048, (2, tokens)), "position_ids": (lengths[:, None] + np.arange(tokens))[None].repeat(3, axis=0),
-                 "past_mask": feeds["attention_mask"], "readout_index": np.tile(np.arange(tokens), (2, 1)), **past}  # fmt: skip
+        steps = _continue_feeds(feeds, state, tokens, rng)
         plain, fused = (_run(graph, steps) for graph in pairs["continue"])
         moves.update({f"continue {tokens} {name}": move for name, move in _largest_moves(fused, plain).items()})
     # prefill: hidden, conv and recurrent per Gated DeltaNet layer, the attention layer's K and V; continue: hidden
