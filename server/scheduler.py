@@ -19,7 +19,11 @@ count (``max_batch_tokens``, ``max_batch_plans``); what may share it is the job'
 - ``batching``: the queued jobs of every ``batching`` group. Before it takes them, the worker holds
   a short window (``batch_window_s``) while other requests are on their way (read, parsed,
   planned, not yet admitted: ``Arrival``, whatever their profile), so that requests arriving
-  together share a forward while a lone request never waits for nobody.
+  together share a forward while a lone request never waits for nobody. With several instances a
+  worker takes its share of what may merge (an equal split among the workers between forwards), not
+  all of it: on the H200 a worker that took every queued request kept the other instance to the few
+  that came back meanwhile, and at 16 clients two clients got 157 answers while the 14 others got 20
+  (benchmarks/h200-0.8B-http/batching-instances2, the reference server).
 
 The worker runs only the forward of a batch (its instance's ``model.forward``): a job's result is its
 share of it, and the heads, finish and encoding of each request run after, off the worker
@@ -133,6 +137,7 @@ class Scheduler:
         self._pending_jobs = 0
         self._pending_tokens = 0
         self._arriving = 0
+        self._idle = 0  # workers in ``_take``: between forwards
         self._closed = False
         self._batches = itertools.count()
         self._groups = itertools.count()
@@ -204,36 +209,49 @@ class Scheduler:
 
     def _take(self) -> list[Job] | None:
         """The next batch, after its batching window where its profile merges requests; None once closed and empty."""
-        limits = self.limits
         with self._lock:
-            while True:
-                while not self._queue and not self._closed:
-                    self._lock.wait()
-                if not self._queue:
-                    self._lock.notify_all()  # the deadline watcher ends too
-                    return None
-                oldest = self._queue[0]
-                end = oldest.enqueued + limits.batch_window_s
-                merges = oldest.profile.merges_requests
-                while merges and not self._closed and self._arriving and len(self._queue) < limits.max_batch_plans:
-                    remaining = end - time.perf_counter()
-                    if remaining <= 0:
-                        break
-                    self._lock.wait(remaining)
-                if self._queue:  # the deadline watcher may have emptied it meanwhile
+            self._idle += 1
+            try:
+                return self._take_locked()
+            finally:
+                self._idle -= 1
+
+    def _take_locked(self) -> list[Job] | None:
+        """``_take`` under the lock."""
+        limits = self.limits
+        while True:
+            while not self._queue and not self._closed:
+                self._lock.wait()
+            if not self._queue:
+                self._lock.notify_all()  # the deadline watcher ends too
+                return None
+            oldest = self._queue[0]
+            end = oldest.enqueued + limits.batch_window_s
+            merges = oldest.profile.merges_requests
+            while merges and not self._closed and self._arriving and len(self._queue) < limits.max_batch_plans:
+                remaining = end - time.perf_counter()
+                if remaining <= 0:
                     break
-            first = self._queue.popleft()
-            batch, tokens, kept = [first], first.tokens, deque()
-            while self._queue:
-                job = self._queue.popleft()
-                fits = len(batch) < limits.max_batch_plans and tokens + job.tokens <= limits.max_batch_tokens
-                if fits and _shares_forward(first, job):
-                    batch.append(job)
-                    tokens += job.tokens
-                else:
-                    kept.append(job)
-            self._queue = kept
-            return batch
+                self._lock.wait(remaining)
+            if self._queue:  # the deadline watcher may have emptied it meanwhile
+                break
+        first = self._queue.popleft()
+        batch, tokens, kept = [first], first.tokens, deque()
+        plans = limits.max_batch_plans
+        if first.profile.merges_requests and self._idle > 1:
+            # Each idle worker its share of what may merge, so that no instance idles beside a long batch.
+            mergeable = 1 + sum(_shares_forward(first, job) for job in self._queue)
+            plans = min(plans, -(-mergeable // self._idle))
+        while self._queue:
+            job = self._queue.popleft()
+            fits = len(batch) < plans and tokens + job.tokens <= limits.max_batch_tokens
+            if fits and _shares_forward(first, job):
+                batch.append(job)
+                tokens += job.tokens
+            else:
+                kept.append(job)
+        self._queue = kept
+        return batch
 
     def _watch_deadlines(self) -> None:
         """Answer ``EXPIRED`` each queued job whose deadline passes, when it passes."""

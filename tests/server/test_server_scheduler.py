@@ -126,6 +126,21 @@ def test_each_instance_runs_its_own_forward_at_the_same_time(tiny_model: Any) ->
     assert running.close(10)
 
 
+def test_idle_instances_share_what_may_merge(tiny_model: Any) -> None:
+    """Eight batching requests queued while two workers wait: each takes four, not one of them all eight."""
+    running = Scheduler([Instance(tiny_model.forward), Instance(tiny_model.forward)], Limits(batch_window_s=WINDOW_S), Metrics())
+    running.start()
+    arrival = running.arrive()
+    jobs = [Job(plan(tiny_model, f"Refund number {index}."), BATCHING, None) for index in range(8)]
+    for job in jobs:
+        running.submit([job])
+    arrival.close()
+    assert [answered(tiny_model, job) for job in jobs] == ["noul"] * 8
+    sizes = sorted(sum(job.batch == batch for job in jobs) for batch in {job.batch for job in jobs})
+    assert sizes == [4, 4]
+    assert running.close(10)
+
+
 def test_a_scheduler_needs_an_instance() -> None:
     with pytest.raises(ValueError, match="at least one"):
         Scheduler([], Limits(), Metrics())
