@@ -29,7 +29,7 @@ run: float32 (``fp32``), on TF32 tensor cores (``tf32``), or with the weight GEM
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,37 +94,35 @@ def embed(table: np.ndarray, prefixes: Sequence[Prefix], ids: np.ndarray) -> np.
     return embeds
 
 
+def _ascending_groups(sizes: Sequence[int], fits: Callable[[int, int, int], bool]) -> list[list[int]]:
+    """Indices of ``sizes`` in ascending order of size, in groups each closed before the next index
+    would make ``fits(count, widest, total)`` false (the newest is the widest); a lone index always fits."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for index in sorted(range(len(sizes)), key=lambda i: sizes[i]):
+        size = sizes[index]
+        if current and not fits(len(current) + 1, size, total + size):
+            groups.append(current)
+            current, total = [], 0
+        current.append(index)
+        total += size
+    if current:
+        groups.append(current)
+    return groups
+
+
 def tree_batches(tokens: Sequence[int]) -> list[list[int]]:
     """Indices of trees of these total ``tokens`` (prefix and blocks) in batches, in ascending order of
     tokens, each closed before it passes ``MAX_BATCH_TREES`` or ``MAX_BATCH_PADDED_TOKENS``; a tree over
     the token bound alone is a batch of its own."""
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for index in sorted(range(len(tokens)), key=lambda i: tokens[i]):  # ascending: the newest is the widest
-        if current and (len(current) == MAX_BATCH_TREES or tokens[index] * (len(current) + 1) > MAX_BATCH_PADDED_TOKENS):
-            batches.append(current)
-            current = []
-        current.append(index)
-    if current:
-        batches.append(current)
-    return batches
+    return _ascending_groups(tokens, lambda count, widest, _: count <= MAX_BATCH_TREES and widest * count <= MAX_BATCH_PADDED_TOKENS)
 
 
 def length_groups(lengths: Sequence[int], slack: float) -> list[list[int]]:
     """Indices of ``lengths`` in groups whose padded size (widest x count) stays within ``slack`` x
     their tokens: one continue call per group, so a short block is not padded to the longest."""
-    groups: list[list[int]] = []
-    current: list[int] = []
-    total = 0
-    for index in sorted(range(len(lengths)), key=lambda i: lengths[i]):  # ascending: the newest is the widest
-        if current and lengths[index] * (len(current) + 1) > slack * (total + lengths[index]):
-            groups.append(current)
-            current, total = [], 0
-        current.append(index)
-        total += lengths[index]
-    if current:
-        groups.append(current)
-    return groups
+    return _ascending_groups(lengths, lambda count, widest, total: widest * count <= slack * total)
 
 
 def row_gather_graph(names: Sequence[str]) -> bytes:
