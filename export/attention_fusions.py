@@ -54,20 +54,16 @@ TensorRT parses no contrib op, and CPU engines run the portable graphs, which at
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .cuda_fusions import GraphIndex, attribute, other_input, replace_nodes
+from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite, other_input
 from .naming import CONTRIB_DOMAIN
 
 SAFE_MASK = -1.0e30  # the most negative bias the CUDA kernel takes without a fully masked row's NaN (see above)
-
-
-def _dims(index: GraphIndex, name: str) -> list[int | str] | None:
-    """``name``'s shape, each dimension a size or a symbol; ``None`` unless every dimension is known."""
-    dims = [dim.dim_value or dim.dim_param for dim in index.shapes.get(name, ())]
-    return dims if name in index.shapes and all(dims) else None
 
 
 def _perm(node: onnx.NodeProto | None, perm: list[int]) -> bool:
@@ -94,7 +90,7 @@ class _Core:
         if any(node.domain or index.only_consumer(node, follower.op_type) is not follower for node, follower in zip(chain[:4], chain[1:5])):
             return
         self.query, self.key, self.value, self.output = scores.input[0], keys_t.input[0], weighted.input[1], reshape.output[0]
-        query, key, value, mask, output = (_dims(index, name) for name in (self.query, self.key, self.value, self.mask, self.output))
+        query, key, value, mask, output = (index.dims(name) for name in (self.query, self.key, self.value, self.mask, self.output))
         if not (query and key and value and mask and output and len(query) == len(key) == len(value) == len(mask) == 4):
             return
         batch, heads, length, size = query
@@ -110,14 +106,11 @@ class _Core:
             self.nodes = chain
 
 
-def fuse_attention(model: onnx.ModelProto) -> int:
-    """Rewrite ``model`` in place with each attention core as one ``MultiHeadAttention``; returns how many."""
-    graph = model.graph
-    producers = {output: node for node in graph.node for output in node.output}
-    index = GraphIndex(graph)
+def _cores(index: GraphIndex, producers: dict[str, onnx.NodeProto], graph: onnx.GraphProto) -> Iterator[Replacement]:
+    """Each attention core as ``MultiHeadAttention``, its query reshaped to ``[B, S, N·D]``; each mask
+    clamped once, where its first core stood."""
     cores = [core for node in graph.node if node.op_type == "Softmax" and not node.domain for core in [_Core(index, producers, node)] if core.nodes]
-    safe: dict[str, onnx.NodeProto] = {}  # each mask clamped once, where its first core stood
-    found = []
+    safe: dict[str, onnx.NodeProto] = {}
     for core in cores:
         tag = core.output
         shape = f"{tag}.query_shape"
@@ -135,8 +128,9 @@ def fuse_attention(model: onnx.ModelProto) -> int:
             "MultiHeadAttention", [f"{tag}.query", core.key, core.value, "", "", safe[core.mask].output[0]], [core.output],
             name=f"{tag}/MultiHeadAttention", domain=CONTRIB_DOMAIN, num_heads=core.heads, scale=core.scale,
         ))  # fmt: skip
-        found.append((core.nodes, new))
-    replace_nodes(graph, found)
-    if found and all(opset.domain != CONTRIB_DOMAIN for opset in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
-    return len(found)
+        yield core.nodes, new
+
+
+def fuse_attention(model: onnx.ModelProto) -> int:
+    """Rewrite ``model`` in place with each attention core as one ``MultiHeadAttention``; returns how many."""
+    return contrib_rewrite(model, _cores)

@@ -25,11 +25,13 @@ pieces (``attribute``, ``GraphIndex``, ``rms_norms``, ``other_input``, ``replace
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from .naming import CONTRIB_DOMAIN
 
 
 _REQUIRED = object()
@@ -66,6 +68,11 @@ class GraphIndex:
         if len(users) == 1 and users[0].op_type in op_types and not users[0].domain and name not in self.outputs:
             return users[0]
         return None
+
+    def dims(self, name: str) -> list[int | str] | None:
+        """``name``'s shape, each dimension a size or a symbol; ``None`` unless every dimension is known."""
+        dims = [dim.dim_value or dim.dim_param for dim in self.shapes.get(name, ())]
+        return dims if name in self.shapes and all(dims) else None
 
     def scalar(self, name: str | None) -> float | None:
         tensor = self.constants.get(name or "")
@@ -163,7 +170,24 @@ def _sigmoids(index: GraphIndex, graph: onnx.GraphProto) -> Iterator[tuple[list[
             ]
 
 
-def replace_nodes(graph: onnx.GraphProto, replacements: list[tuple[list[onnx.NodeProto], list[onnx.NodeProto]]]) -> None:
+Replacement = tuple[list[onnx.NodeProto], list[onnx.NodeProto]]  # nodes dropped, nodes put where the last of them stood
+
+
+def contrib_rewrite(
+    model: onnx.ModelProto, find: Callable[[GraphIndex, dict[str, onnx.NodeProto], onnx.GraphProto], Iterator[Replacement]]
+) -> int:
+    """Rewrite ``model`` in place with the replacements ``find`` yields (given the graph's index, its nodes by
+    output and the graph), importing ``com.microsoft`` where any was made; returns how many."""
+    graph = model.graph
+    producers = {output: node for node in graph.node for output in node.output}
+    found = list(find(GraphIndex(graph), producers, graph))
+    replace_nodes(graph, found)
+    if found and all(opset.domain != CONTRIB_DOMAIN for opset in model.opset_import):  # a Scan graph has no contrib op yet
+        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    return len(found)
+
+
+def replace_nodes(graph: onnx.GraphProto, replacements: list[Replacement]) -> None:
     """Drop each group of nodes, putting its replacement where the group's last node stood (its inputs
     are all made earlier, so the order stays topological), and the constants only they read."""
     position = {id(node): i for i, node in enumerate(graph.node)}

@@ -44,21 +44,13 @@ spelling (the tiny member's 512-token prefill on one thread: 17.5 -> 20.6 ms for
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import onnx
 from onnx import helper
 
-from .cuda_fusions import GraphIndex, attribute, other_input, replace_nodes, rms_norms
+from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite, other_input, rms_norms
 from .naming import CONTRIB_DOMAIN
-
-Replacement = tuple[list[onnx.NodeProto], list[onnx.NodeProto]]
-
-
-def _dims(index: GraphIndex, name: str) -> list[int | str] | None:
-    """``name``'s shape, each dimension a size or a symbol; ``None`` unless every dimension is known."""
-    dims = [dim.dim_value or dim.dim_param for dim in index.shapes.get(name, ())]
-    return dims if name in index.shapes and all(dims) else None
 
 
 def _silu(index: GraphIndex, producers: dict[str, onnx.NodeProto], name: str) -> tuple[str, list[onnx.NodeProto]] | None:
@@ -126,7 +118,7 @@ def _causal(index: GraphIndex, producers: dict[str, onnx.NodeProto], conv: onnx.
     bias = conv.input[2] if len(conv.input) > 2 and conv.input[2] else None
     if bias is not None and (bias not in index.constants or list(index.constants[bias].dims) != [channels]):
         return False
-    past, x = (_dims(index, name) for name in concat.input)
+    past, x = (index.dims(name) for name in concat.input)
     if not (past and x and len(past) == len(x) == 3 and past[1:] == [channels, kernel - 1] and x[1] == channels):
         return False
     attributes = {
@@ -155,7 +147,7 @@ def _gated_norms(index: GraphIndex, producers: dict[str, onnx.NodeProto], graph:
         replaced, norm = weighted[normed]
         x, weight = norm.input
         z, activation = silu
-        if _dims(index, x) is None or _dims(index, x) != _dims(index, z):
+        if index.dims(x) is None or index.dims(x) != index.dims(z):
             continue
         fused = helper.make_node(
             "GatedRMSNorm",
@@ -169,22 +161,12 @@ def _gated_norms(index: GraphIndex, producers: dict[str, onnx.NodeProto], graph:
         yield [*replaced, *activation, product], [fused]
 
 
-def _rewrite(model: onnx.ModelProto, find: Callable[[GraphIndex, dict[str, onnx.NodeProto], onnx.GraphProto], Iterator[Replacement]]) -> int:
-    graph = model.graph
-    producers = {output: node for node in graph.node for output in node.output}
-    found = list(find(GraphIndex(graph), producers, graph))
-    replace_nodes(graph, found)
-    if found and all(opset.domain != CONTRIB_DOMAIN for opset in model.opset_import):  # a Scan graph has no contrib op yet
-        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
-    return len(found)
-
-
 def fuse_short_convolutions(model: onnx.ModelProto) -> int:
     """Rewrite ``model`` in place with each Gated DeltaNet short convolution and its SiLU as one
     ``CausalConvWithState``; returns how many."""
-    return _rewrite(model, _short_convolutions)
+    return contrib_rewrite(model, _short_convolutions)
 
 
 def fuse_gated_norms(model: onnx.ModelProto) -> int:
     """Rewrite ``model`` in place with each gated RMSNorm as one ``GatedRMSNorm``; returns how many."""
-    return _rewrite(model, _gated_norms)
+    return contrib_rewrite(model, _gated_norms)
