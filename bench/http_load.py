@@ -46,6 +46,7 @@ REQUEST_TIMEOUT_S = 600.0  # a CPU reference of a real-size member takes seconds
 STOP_TIMEOUT_S = 60.0
 TIMING_ENTRY = re.compile(r"([A-Za-z_][\w-]*);dur=([0-9.]+)")
 EXACT = "exact"  # the profile every server runs, the default of a request that names none
+SHARED_CONTEXT = "shared_context"  # an engine's packed graph: the torch reference's server cannot run it
 
 
 class BenchFailed(RuntimeError):

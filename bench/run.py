@@ -27,7 +27,7 @@ from s1omni.runtime.registry import Registry
 from s1omni.runtime.runners.torch_runner import release_gpu_memory
 
 from . import http_load, records, references, workloads as catalogue
-from .http_load import EXACT, BenchFailed
+from .http_load import EXACT, SHARED_CONTEXT, BenchFailed
 from .references import REFERENCE, REFERENCES
 from .stats import DIGITS, now, ratios
 from .workloads import Workload
@@ -191,21 +191,17 @@ def http(
     record: dict[str, Any],
 ) -> None:
     """Each subject's server in turn (never two at once: they would share the device and the CPUs), with
-    ``settings.http_profile`` enabled and asked for; an engine that missed its gate is not served
-    (``s1omni serve`` refuses it) and is listed as skipped."""
+    ``settings.http_profile`` enabled and asked for (the reference's with exact under shared_context, which it
+    cannot run); an engine that missed its gate is not served (``s1omni serve`` refuses it) and is listed as skipped."""
     profile = settings.http_profile
-    common = [
-        "--device",
-        settings.device,
-        *(["--registry", settings.registry] if settings.registry else []),
-        *(["--profiles", profile] if profile != EXACT else []),
-        *settings.serve_args,
-    ]
-    body = http_load.request_body(chosen.body, profile, family)
+    # The torch reference has no packed forward: under shared_context its server answers exact.
+    reference_profile = EXACT if profile == SHARED_CONTEXT else profile
+    common = ["--device", settings.device, *(["--registry", settings.registry] if settings.registry else []), *settings.serve_args]
     section: dict[str, Any] = {
         "workload": chosen.name,
         **chosen.facts,
         "profile": profile,
+        "reference_profile": reference_profile,
         "requests": settings.requests,
         "warmup": settings.warmup,
         "concurrency": list(settings.concurrency),
@@ -224,8 +220,10 @@ def http(
             note(f"not serving {name}: it missed its gate")
             continue
         log = settings.out / f"serve-{index}.log"
+        served = reference_profile if name == REFERENCE else profile
+        enabled = ["--profiles", served] if served != EXACT else []
         note(f"starting s1omni serve for {name} (log {log})")
-        with http_load.serving(name, [*source, *common], log, settings.start_timeout_s) as server:
+        with http_load.serving(name, [*source, *common, *enabled], log, settings.start_timeout_s) as server:
             card = http_load.card(server)
             offered = [entry.get("name") for entry in card.get("profiles", [])]
             section["servers"][name] = {
@@ -234,12 +232,11 @@ def http(
                 **{key: card.get(key) for key in ("engine", "device", "dtype")},
                 "profiles": offered,
             }
-            if profile not in offered:
-                raise BenchFailed(f"the server of {name} does not run the profile {profile!r} (its card lists {offered})")
+            if served not in offered:
+                raise BenchFailed(f"the server of {name} does not run the profile {served!r} (its card lists {offered})")
             record["member"] = record["member"] or member_facts(card)
-            section["runs"] += http_load.measure(
-                server, body, profile, settings.concurrency, settings.requests, settings.warmup, note
-            )
+            body = http_load.request_body(chosen.body, served, family)
+            section["runs"] += http_load.measure(server, body, served, settings.concurrency, settings.requests, settings.warmup, note)
         records.write(record, settings.out)
     section["ratios"] = http_ratios(section["runs"])
     record["failures"] = sum(sum(run["failures"].values()) for run in section["runs"])

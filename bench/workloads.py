@@ -7,7 +7,10 @@ answered through ``model.answer`` (planning, runner, heads, finishing): ``router
 router-signal request (six questions, all five kinds, about 600 tokens of text), ``long-span`` the
 windowed long span request, and any case name of ``calib/<family>/cases.json`` works too.
 ``NAME@N`` (``router@16``) is N copies of that request planned, run in one ``model.execute`` and
-finished: the forward the server runs for N requests that arrive together, without HTTP. For
+finished: the forward the server runs for N requests that arrive together, without HTTP.
+``NAME:shared_context`` (``router:shared_context``) runs a request's forward through an engine's packed
+graph (``model.forward_packed``), as the ``shared_context`` profile does; the torch reference, which has
+none, runs it as ``exact``, and the record says so. For
 OmniJev, ``screenshot-N`` is one choice question with N options about a 1600x900 screenshot
 (``screenshot`` expands to 1, 12 and 255 options, the reference's own speed cases).
 """
@@ -37,6 +40,7 @@ from s1omni.calib import CALIB
 BACKBONE = re.compile(r"backbone-(\d+)")
 SCREENSHOT = re.compile(r"screenshot-(\d+)")
 MERGED = re.compile(r"(.+)@([1-9]\d*)")
+PACKED = re.compile(r"(.+):shared_context")
 SCREENSHOT_SIZE = (1600, 900)
 SCREENSHOT_OPTIONS = (1, 12, 255)
 ALIASES = {"router": "router-signals-600", "long-span": "span-windowed-long"}
@@ -52,18 +56,26 @@ class Workload:
     tree: Tree | None = None  # backbone workloads
     body: dict[str, Any] | None = None  # request workloads
     copies: int = 1  # requests merged into one forward
+    packed: bool = False  # forwards through the engine's packed graph (shared_context)
+
+    def forward(self, model: Any) -> Callable[[Sequence[Any]], Any]:
+        """``model``'s forward for this workload: its packed one where the workload and the model have one."""
+        if self.packed and getattr(model.runner, "can_pack", False):
+            model.open_shared_context()
+            return model.forward_packed
+        return model.forward
 
     def call(self, model: Any) -> Callable[[], Any]:
         """One call of this workload on ``model``, as a zero-argument call: a runner call, or the responses
-        to ``copies`` requests (one plan each, one ``execute`` for all, then finished each)."""
+        to ``copies`` requests (one plan each, one forward for all, then each read out and finished)."""
         if self.tree is not None:
             runner, trees = model.runner, [self.tree]
             return lambda: runner.run(trees)
-        body, copies = self.body, self.copies
+        body, copies, forward = self.body, self.copies, self.forward(model)
 
         def answers() -> list[dict[str, Any]]:
             plans = [model.plan(body) for _ in range(copies)]
-            return [model.finish(plan, outputs) for plan, outputs in zip(plans, model.execute(plans), strict=True)]
+            return [model.finish(plan, model.readout(plan, hidden)) for plan, hidden in zip(plans, forward(plans), strict=True)]
 
         return answers
 
@@ -73,13 +85,13 @@ class Workload:
         readout (the CPU heads) and finish (decisions, span decoding). Request workloads only."""
         if self.body is None:
             raise UsageError(f"{self.name!r} is not a request: only requests run in steps")
-        body, copies = self.body, self.copies
+        body, copies, forward = self.body, self.copies, self.forward(model)
 
         def steps() -> dict[str, float]:
             started = time.perf_counter()
             plans = [model.plan(body) for _ in range(copies)]
             planned = time.perf_counter()
-            hidden = model.forward(plans)
+            hidden = forward(plans)
             forwarded = time.perf_counter()
             outputs = [model.readout(plan, each) for plan, each in zip(plans, hidden, strict=True)]
             read = time.perf_counter()
@@ -141,7 +153,14 @@ def cases(family: str) -> dict[str, dict[str, Any]]:
 
 def named(name: str, family: str) -> Workload:
     """``backbone-N``, ``screenshot-N`` (OmniJev), a calibration case by its name or alias (``router``,
-    ``long-span``), or one of those requests ``@N``."""
+    ``long-span``), or one of those requests ``@N`` or ``:shared_context``."""
+    found = PACKED.fullmatch(name)
+    if found:
+        single = named(found.group(1), family)
+        if single.body is None or family != "vela2":
+            raise UsageError(f"{name!r}: only Vela 2.0 requests run shared_context")
+        facts = {**single.facts, "profile": "shared_context", "reference_profile": "exact (the torch reference has no packed forward)"}
+        return Workload(name, facts, body=single.body, copies=single.copies, packed=True)
     found = MERGED.fullmatch(name)
     if found:
         single = named(found.group(1), family)

@@ -58,6 +58,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=comma_list,
         metavar="LIST",
         help=f"profiles to enable besides exact (always on, the default), comma-separated: {', '.join(sorted(set(KNOWN) - {EXACT.name}))}; "
+        "shared_context packs each tree's blocks behind its prefix (an --engine whose `s1omni validate --shared-context` passed); "
         "batching merges concurrent requests into one forward within --batch-window-ms; max_speed does too, on --reduced-copy",
     )
     vela.add_argument(
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
     from s1omni.server import demo
     from s1omni.server.process import configure_logging, serve
-    from s1omni.server.profiles import MAX_SPEED
+    from s1omni.server.profiles import MAX_SPEED, SHARED_CONTEXT
     from s1omni.server.service import ModelSource, Service
 
     if args.environment_errors:
@@ -189,6 +190,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(given)} apply to Vela 2.0 members only, not to {source.family}")
     if path is None and MAX_SPEED.name in config.profiles:
         raise UsageError("max_speed runs on a reduced copy of an engine: serve --engine ENG with --reduced-copy COPY")
+    if not args.engine and SHARED_CONTEXT.name in config.profiles:
+        raise UsageError("shared_context runs an engine's packed graph: serve --engine ENG, one whose `s1omni validate ENG --shared-context` passed")
     if args.ray:
         return _deploy_on_ray(args, config, source)
     given = [f"--{name.replace('_', '-')}" for name in RAY_ONLY if getattr(args, name) is not None]

@@ -25,6 +25,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merged", type=int, default=None, metavar="N", help="instead of validating: run every case alone, then "
                         "N cases to a forward (as batching merges requests), and judge merged against alone at the device's "
                         "fixed gate (cpu-fp32 or gpu); the verdict goes to the engine's manifest (Vela 2.0)")  # fmt: skip
+    parser.add_argument("--shared-context", action="store_true", help="instead of validating: run every case alone, then "
+                        "alone through the packed graph (the shared_context profile), and judge packed against alone at the "
+                        "device's fixed gate; the verdict goes to the engine's manifest, and serving shared_context needs it passed")  # fmt: skip
     add_registry(parser)
     add_json(parser)
     add_quiet(parser)
@@ -42,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.registry:
         os.environ["S1OMNI_REGISTRY"] = args.registry
-    if args.merged is not None:
-        return _merged(args)
+    if args.merged is not None or args.shared_context:
+        return _against_alone(args)
     if args.exact or read_manifest(args.engine).get("precision") in REDUCED_PRECISIONS:
         return _consent(args)
     if args.rounds is not None:
@@ -81,14 +84,20 @@ def _consent(args: argparse.Namespace) -> int:
     return 0
 
 
-def _merged(args: argparse.Namespace) -> int:
-    from s1omni.export.merged_check import run_merged
+def _against_alone(args: argparse.Namespace) -> int:
+    from s1omni.export.merged_check import run_merged, run_shared_context
     from s1omni.runtime.errors import GateMissed, UsageError
 
+    if args.merged is not None and args.shared_context:
+        raise UsageError("--merged and --shared-context are two checks: run one at a time")
+    flag = "--merged" if args.merged is not None else "--shared-context"
     if args.exact or args.rounds is not None or args.package or args.reference or args.reference_device:
-        raise UsageError("--merged judges the engine against itself: it takes --cases and --report only")
-    report = run_merged(args.engine, args.merged, args.cases, args.report)
-    emit(args, {"engine": args.engine, "merged": report}, None)  # the verdict was printed
+        raise UsageError(f"{flag} judges the engine against itself: it takes --cases and --report only")
+    if args.shared_context:
+        report, what = run_shared_context(args.engine, args.cases, args.report), "packed (shared_context)"
+    else:
+        report, what = run_merged(args.engine, args.merged, args.cases, args.report), f"merged {args.merged} to a forward"
+    emit(args, {"engine": args.engine, report["check"]: report}, None)  # the verdict was printed
     if not report["passed"]:
-        raise GateMissed(f"{args.engine}: its answers merged {args.merged} to a forward missed the {report['gate']['name']} gate of its answers alone")
+        raise GateMissed(f"{args.engine}: its answers {what} missed the {report['gate']['name']} gate of its answers alone")
     return 0

@@ -58,7 +58,7 @@ from .cuda_kernels import INPUT_TYPES, KERNELS, chunked_prefill, use_gated_delta
 from .fp8_gemms import FP8_FILE, use_fp8_gemms
 from .merged_projections import merge_projections
 from .mixer_fusions import fuse_gated_norms, fuse_short_convolutions
-from .naming import RECURRENCES, graph_file
+from .naming import GRAPHS, RECURRENCES, graph_file
 
 SHARED_FILES = ("heads.safetensors", "tokenizer.json", "config.json", "calibration.json")
 ORT_TARGETS = ("cpu", "cuda")
@@ -74,8 +74,8 @@ ORT_PRECISIONS = {
         "fp8": {"use_tf32": 0, "cudnn_conv_algo_search": "HEURISTIC"},  # a reduced copy for max_speed (fp8_gemms)
     },
 }
-BACKBONE = ("prefill", "continue")
-BACKBONE_FILES = {graph_file(graph, "scan") for graph in BACKBONE}  # their names in every engine
+BACKBONE = ("prefill", "continue")  # every export's; a Vela export's packed graph too (GRAPHS), which TensorRT builds leave out
+BACKBONE_FILES = {graph_file(graph, "scan") for graph in GRAPHS}  # their names in every ONNX Runtime engine
 # The Gated DeltaNet form each ONNX Runtime target runs when the export has both (see above).
 PREFERRED = {"cpu": "scan", "cuda": "fused"}
 # Served ranges of the dynamic dimensions: rows of a batch, and token lengths (the member's input limit).
@@ -100,10 +100,15 @@ def _graph_files(export_dir: Path) -> list[str]:
 
 
 def backbone_variants(export_dir: Path) -> dict[str, dict[str, str]]:
-    """The backbone graph files of each recurrence the export holds (``{"fused": {"prefill": ...}}``)."""
+    """The backbone graph files of each recurrence the export holds (``{"fused": {"prefill": ...}}``): its
+    prefill and continue graphs, and its packed graph where there is one."""
     present = set(_graph_files(export_dir))
-    variants = {recurrence: {graph: graph_file(graph, recurrence) for graph in BACKBONE} for recurrence in RECURRENCES}
-    return {recurrence: files for recurrence, files in variants.items() if set(files.values()) <= present}
+    variants = {}
+    for recurrence in RECURRENCES:
+        files = {graph: graph_file(graph, recurrence) for graph in GRAPHS if graph_file(graph, recurrence) in present}
+        if set(BACKBONE) <= set(files):
+            variants[recurrence] = files
+    return variants
 
 
 def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:

@@ -1,5 +1,6 @@
-"""``s1omni validate ENG --merged N``: an engine's answers for requests merged into one forward, held to its
-own answers for each request alone.
+"""``s1omni validate ENG --merged N`` and ``--shared-context``: an engine's answers for requests merged into
+one forward, or with each tree's blocks packed (``shared_context``), held to its own answers for each
+request alone as ``exact`` runs it.
 
 This is what the ``batching`` profile does to a request (``s1omni.server.profiles``): the scheduler hands
 ``model.forward`` the plans of concurrent requests together, so a prefix is left-padded to the widest of the
@@ -12,18 +13,24 @@ decisions identical, probabilities within 0.02, hidden states within 1e-3): merg
 than a float32 GPU engine may move from the reference, whatever the engine's precision. Ties are the gate's
 (``s1omni.export.compare_answers``). The verdict goes to the engine's manifest (``merged``); it does not gate
 serving, which stands on the engine's validation.
+
+``--shared-context`` runs every case alone through the packed graph (``model.forward_packed``) against
+``forward`` at the same fixed gate: the reference's bar for ``shared_context`` (vela2.md §9.2: no choice,
+score, noul or set decision changed; |dp| within 0.02 on a GPU). Its verdict (``shared_context`` in the
+manifest) does gate serving: ``s1omni serve --profiles shared_context`` refuses an engine without a
+passed one, the packed graph being another graph than the one validation ran.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from s1omni.calib import CALIB
 from s1omni.runtime import progress
-from s1omni.runtime.engine import load_engine_model, read_manifest, record_merged
+from s1omni.runtime.engine import load_engine_model, read_manifest, record_check
 from s1omni.runtime.errors import UsageError
 
 from .families import export_family
@@ -32,7 +39,7 @@ from .reference import layout_digest, load_cases
 from .tree_runner import flat_hidden
 
 GATE_ON = {"cpu": "cpu-fp32", "cuda": "gpu"}  # the device's fixed gate judges merged against alone
-MERGING_FAMILIES = ("vela2",)  # the families whose requests merge (``batching``)
+MERGING_FAMILIES = ("vela2",)  # the families whose requests merge (``batching``) and pack (``shared_context``)
 
 
 def _records(model: Any, cases: Sequence[dict[str, Any]], plans: Sequence[Any], hidden: Sequence[Any]) -> list[CaseRecord]:
@@ -57,35 +64,58 @@ def run_merged(engine_dir: str | Path, group: int, cases_path: str | Path | None
     """Run every case alone and then ``group`` to a forward, judge, print and record the verdict; the verdict."""
     if group < 2:
         raise UsageError("--merged takes the number of cases merged into one forward, at least 2")
+
+    def merged(model: Any, plans: list[Any]) -> list[Any]:
+        hidden: list[Any] = []
+        for start in progress.Counted(range(0, len(plans), group), f"forwards of {group} cases", "forward"):
+            hidden += model.forward(plans[start : start + group])
+        return hidden
+
+    return _against_alone(engine_dir, "merged", {"group": group}, merged, cases_path, report_path)
+
+
+def run_shared_context(engine_dir: str | Path, cases_path: str | Path | None = None, report_path: str | Path | None = None) -> dict[str, Any]:
+    """Run every case alone, then alone through the packed graph; judge, print and record the verdict."""
+
+    def packed(model: Any, plans: list[Any]) -> list[Any]:
+        model.open_shared_context()
+        return [model.forward_packed([plan])[0] for plan in progress.Counted(plans, "cases packed", "case")]
+
+    return _against_alone(engine_dir, "shared_context", {}, packed, cases_path, report_path)
+
+
+def _against_alone(
+    engine_dir: str | Path, check: str, settings: dict[str, Any], variant: Callable[[Any, list[Any]], list[Any]],
+    cases_path: str | Path | None, report_path: str | Path | None,
+) -> dict[str, Any]:
+    """The verdict on ``variant(model, plans)``'s hidden states against each plan's forward alone, printed and
+    recorded in the manifest under ``check``."""
     engine_dir = Path(engine_dir)
     manifest = read_manifest(engine_dir)
     family = manifest["family"]
     if family not in MERGING_FAMILIES:
-        raise UsageError(f"{family} requests are never merged (only Vela 2.0's batching merges them): there is nothing to check")
+        raise UsageError(f"{family} serves exact alone (merged and packed forwards are Vela 2.0's profiles): there is nothing to check")
     model = load_engine_model(engine_dir, allow_unvalidated=True)
     cases = load_cases(cases_path or CALIB / family)
     plans = [model.plan(case["request"]) for case in cases]
     alone = [model.forward([plan])[0] for plan in progress.Counted(plans, "cases alone", "case")]
-    merged: list[Any] = []
-    starts = range(0, len(plans), group)
-    for start in progress.Counted(starts, f"forwards of {group} cases", "forward"):
-        merged += model.forward(plans[start : start + group])
-    verdict = judge_merged(family, model.device, _records(model, cases, plans, alone), _records(model, cases, plans, merged))
-    report = {"passed": verdict["passed"], "gate": verdict["gate"], "group": group, "cases": len(cases),
+    verdict = judge_merged(family, model.device, _records(model, cases, plans, alone), _records(model, cases, plans, variant(model, plans)))
+    report = {"check": check, "passed": verdict["passed"], "gate": verdict["gate"], **settings, "cases": len(cases),
               "failures": verdict["failures"], "summary": verdict["summary"], "figures": verdict["figures"]}  # fmt: skip
     print_merged(report)
     if report_path:
         Path(report_path).write_text(json.dumps({**report, "table": verdict["table"]}, indent=1) + "\n", encoding="utf-8")
-    record_merged(engine_dir, report)
+    record_check(engine_dir, check, report)
     return report
 
 
 def print_merged(report: dict[str, Any]) -> None:
     summary = report["summary"]
+    what = f"merged {report['group']} to a forward" if report["check"] == "merged" else "packed (shared_context)"
     progress.note(
-        f"merged {report['group']} to a forward against alone, {report['cases']} cases: decisions {summary['decisions']}, "
+        f"{what} against alone, {report['cases']} cases: decisions {summary['decisions']}, "
         f"span sets {summary['span_sets']}, max |dp| {summary['max_probability']:.3g}, hidden relative L2 {summary['hidden_rel_l2']:.3g}, "
         f"{summary['ties']} ties"
     )
-    verdict = f"{'PASSED' if report['passed'] else 'FAILED'} gate {report['gate']['name']} (merged against alone)"
+    verdict = f"{'PASSED' if report['passed'] else 'FAILED'} gate {report['gate']['name']} ({what} against alone)"
     progress.note(verdict + "".join(f"\n  {failure}" for failure in report["failures"]))

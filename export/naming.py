@@ -5,6 +5,9 @@ seconds on them)."""
 
 from __future__ import annotations
 
+# The backbone graphs of an export: every member's prefill and continue, and a Vela member's packed blocks
+# (the shared_context profile's; ``s1omni.export.patches.PackedForward``).
+GRAPHS = ("prefill", "continue", "packed")
 RECURRENCES = ("scan", "fused")  # the portable ONNX Scan, or ONNX Runtime's fused kernel
 ALIGNMENT = 65536  # large tensors start at offsets ONNX Runtime can memory-map on any page size
 CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops (LinearAttention, GatedDeltaNet, GemmFloat8, ...)

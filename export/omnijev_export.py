@@ -47,7 +47,7 @@ def write_omnijev(package: VerifiedPackage, stage: Path, recurrences: tuple[str,
     manifest, config = details["manifest"], details["config"]
     progress.note(f"loading the language model of {root}")
     backbone = load_backbone(config["text_config"], [root / s for s in details["shards"]], prefix=LANGUAGE_PREFIX)
-    move_into(export_model(backbone, stage / "graphs", prefill_embeds=True, recurrences=recurrences), stage)
+    move_into(export_model(backbone, stage / "graphs", prefill_embeds=True, recurrences=recurrences, packed=False), stage)
     vision = export_vision(VisionTower.load(config["vision_config"], root / "vision.safetensors"), config["vision_config"], stage)
     progress.note("writing the embedding, heads, tokenizer and settings")
     save_file({EMBEDDING_TENSOR: backbone.embed_tokens.weight.detach().float().numpy()}, str(stage / EMBEDDING))

@@ -1,8 +1,12 @@
-"""The check every backbone export passes before it is kept: both graphs against the untouched model.
+"""The check every backbone export passes before it is kept: its graphs against the untouched model.
 
-Both graphs run in ONNX Runtime (CPU EP) at two lengths that cross chunk boundaries, and every
+The graphs run in ONNX Runtime (CPU EP) at two lengths that cross chunk boundaries, and every
 output is compared with transformers' own model: the prefill's hidden states and each state
 tensor with its DynamicCache, the continuation's hidden states with the reference runner's. The
+packed graph, where exported, runs two blocks in one row after the prefix, the case's block and
+its first half, each compared with that block continued alone (the half's hidden states are the
+block's first ones, attention being causal): a half that saw the block before it, or a block that
+started from the other's state, would be off. The
 check is structural (a wrong graph is off by O(1) of the values' scale); the float32 gates of
 the numerical contract are the validation stage's.
 
@@ -25,6 +29,7 @@ from torch import nn
 
 from s1omni.runtime import progress
 from s1omni.runtime.runners.base import Block, Prefix, text_positions
+from s1omni.runtime.runners.packing import pack_blocks
 from s1omni.runtime.runners.torch_runner import TorchRunner
 
 from .patches import state_names
@@ -68,8 +73,8 @@ def check_graphs(expected: list[Expected], directory: Path, variants: Mapping[st
     """Per variant, the largest relative difference per output kind from the reference's ``expected``
     outputs (``reference_outputs``); ``RuntimeError`` where one exceeds ``RELATIVE``.
 
-    ``variants`` names each variant's two graphs in ``directory`` (``{"fused": {"prefill": ...,
-    "continue": ...}}``). One graph's session is open at a time (a 9B member's float32 weights are
+    ``variants`` names each variant's graphs in ``directory`` (``{"fused": {"prefill": ...,
+    "continue": ..., "packed": ...}}``; packed optional). One graph's session is open at a time (a 9B member's float32 weights are
     32 GB), and the caller holds no model beside it.
     """
     return {variant: _check(directory, files, expected) for variant, files in variants.items()}
@@ -92,11 +97,19 @@ def _check(directory: Path, files: Mapping[str, str], expected: list[Expected]) 
             kind = f"prefill.{name.split('.')[0]}"
             row[kind] = max(row.get(kind, 0.0), _relative(value, reference))
     del prefill
+    pasts = [{f"past_{name}": value for name, value in zip(case.state, state, strict=True)} for case, state in zip(expected, states, strict=True)]
     block = _session(directory / files["continue"])
-    for case, state, row in zip(expected, states, found, strict=True):
-        past = {f"past_{name}": value for name, value in zip(case.state, state, strict=True)}
+    for case, past, row in zip(expected, pasts, found, strict=True):
         hidden = block.run(None, _feeds(case.block_ids, len(case.ids), "past_mask") | past)[0]
         row["continue.hidden"] = _relative(hidden[0], case.continued)
+    del block
+    if "packed" in files:
+        packed = _session(directory / files["packed"])
+        for case, past, row in zip(expected, pasts, found, strict=True):
+            hidden, half = packed_halves(packed, case, past)
+            row["packed.hidden"] = max(_relative(hidden, case.continued), _relative(half, case.continued[: len(half)]))
+        del packed
+    for case, row in zip(expected, found, strict=True):
         summary = ", ".join(f"{kind} {value:.1e}" for kind, value in row.items())
         progress.note(f"checked {files['prefill']} prefix {len(case.ids)} + block {len(case.block_ids)}: {summary}")
     report = {kind: max(row[kind] for row in found) for kind in found[0]}
@@ -104,6 +117,16 @@ def _check(directory: Path, files: Mapping[str, str], expected: list[Expected]) 
     if failed:
         raise RuntimeError(f"the exported graphs differ from the transformers model (relative to its scale): {failed}")
     return report
+
+
+def packed_halves(session: onnxruntime.InferenceSession, case: Expected, past: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The packed graph over one row holding ``case``'s block, then its first half, both after the case's
+    prefix (``past``): each one's hidden states at every token."""
+    block = case.block_ids
+    blocks = [Block(ids, np.arange(len(ids))) for ids in (block, block[: (len(block) + 1) // 2])]
+    packed = pack_blocks([blocks], np.array([len(case.ids)]))
+    hidden = session.run(None, {**packed.feeds, "past_mask": np.ones((1, len(case.ids)), np.int64), **past})[0]
+    return packed.split(hidden)
 
 
 def _session(path: Path) -> onnxruntime.InferenceSession:

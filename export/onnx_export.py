@@ -63,6 +63,7 @@ from onnxscript.values import Op, Opset
 from torch import nn
 
 from s1omni.runtime import progress
+from s1omni.runtime.runners.packing import MIN_BLOCK_WIDTH, PACKING_INPUTS
 from s1omni.runtime.runners.torch_runner import BACKBONE_PREFIX, eager_config, empty_backbone
 from s1omni.runtime.staging import staged_directory
 from s1omni.runtime.vela2.package import shard_names
@@ -82,15 +83,14 @@ from .graph_weights import (
 )
 from .layer_stamp import stamp_layers, template_types
 from .onnx_check import LENGTHS, Expected, check_graphs, reference_outputs
-from .naming import CONTRIB_DOMAIN, RECURRENCES, graph_file
-from .patches import ContinueForward, PrefillForward, explicit_state_forward, state_names
+from .naming import CONTRIB_DOMAIN, GRAPHS, RECURRENCES, graph_file
+from .patches import ContinueForward, PackedForward, PrefillForward, explicit_state_forward, state_names
 from .workers import share, worker_count
 
 T = TypeVar("T")
 
 OPSET = 18  # Scan, Trilu, CumSum and Softplus are all there; TensorRT 10 parses it
 EXTERNAL_DATA_BYTES = 1_500_000_000  # weights above this go to weights.data (protobuf stops at 2 GiB)
-GRAPHS = ("prefill", "continue")
 EXAMPLE_LENGTH = 70  # crosses a chunk boundary; any length traces the same graph
 # The optimiser's one rule of two output nodes matches each Slice against every node of the graph, a
 # cost that grows with the square of the layers (85% of the optimiser's time at 16 layers); it rewrites
@@ -100,6 +100,7 @@ PREFILL_INPUTS = ["input_ids", "position_ids", "attention_mask", "readout_index"
 # Vision members' prefill: token embeddings with the image features in place (the runner looks them up).
 PREFILL_EMBEDS_INPUTS = ["inputs_embeds", "position_ids", "attention_mask", "readout_index"]
 CONTINUE_INPUTS = ["input_ids", "position_ids", "past_mask", "readout_index"]
+PACKED_INPUTS = CONTINUE_INPUTS + list(PACKING_INPUTS)
 
 
 def exact_sigmoid(self):
@@ -180,7 +181,10 @@ def load_package_backbone(package_dir: Path) -> nn.Module:
 
 
 def _dims() -> dict[str, torch.export.Dim]:
-    return {name: torch.export.Dim(name, min=1) for name in ("batch", "sequence", "readouts", "past_sequence")}
+    dims = {name: torch.export.Dim(name, min=1) for name in ("batch", "sequence", "readouts", "past_sequence", "blocks")}
+    # Block rows are at least MIN_BLOCK_WIDTH wide (the runner pads one-token blocks): the Gated DeltaNet mixer
+    # reshapes a transposed view of them, which the trace can do only for a width known not to be 1.
+    return {**dims, "block_sequence": torch.export.Dim("block_sequence", min=MIN_BLOCK_WIDTH)}
 
 
 def prefill_example(model: nn.Module, length: int, embeds: bool = False) -> tuple[tuple[torch.Tensor, ...], tuple[Any, ...]]:
@@ -227,6 +231,41 @@ def continue_example(model: nn.Module, length: int) -> tuple[tuple[torch.Tensor,
         state_axes,  # ``*past`` is one argument to torch.export
     )
     return (ids, positions, past_mask, readouts, *states), shapes
+
+
+def packed_example(model: nn.Module, length: int) -> tuple[tuple[torch.Tensor, ...], tuple[Any, ...]]:
+    """Example packed blocks (``patches.Packing``): two prefixes of ``length + 5``, the first with blocks of
+    ``length`` and ``length // 2`` tokens, the second with one of ``length``; and their dynamic axes."""
+    rows_, past, d = 2, length + 5, _dims()
+    names = state_names(model.config.layer_types)
+    lengths, owner = [length, length // 2, length], [0, 0, 1]
+    width = length + length // 2
+    ids = torch.randint(1, model.config.vocab_size, (rows_, width))
+    positions = (past + torch.arange(width)).expand(3, rows_, width).clone()
+    block_index = torch.zeros(len(lengths), length, dtype=torch.long)
+    packed_index = torch.zeros(rows_, width, dtype=torch.long)
+    used = [0] * rows_
+    for block, (size, row) in enumerate(zip(lengths, owner, strict=True)):
+        flat = row * width + used[row] + torch.arange(size)
+        block_index[block, :size], block_index[block, size:] = flat, flat[-1]
+        packed_index[row, used[row] : used[row] + size] = block * length + torch.arange(size)
+        used[row] += size
+    past_mask = torch.ones(rows_, past, dtype=torch.long)
+    readouts = torch.tensor([[length - 1, width - 1, 0], [length - 1, 2, 0]])
+    states = [_example_state(model, name, rows_, past) for name in names]
+    state_axes = tuple({0: d["batch"], 2: d["past_sequence"]} if name.startswith(("key", "value")) else {0: d["batch"]} for name in names)
+    block_axes = {0: d["blocks"], 1: d["block_sequence"]}
+    shapes = (
+        {0: d["batch"], 1: d["sequence"]},
+        {1: d["batch"], 2: d["sequence"]},
+        {0: d["batch"], 1: d["past_sequence"]},
+        {0: d["batch"], 1: d["readouts"]},
+        block_axes,
+        {0: d["batch"], 1: d["sequence"]},
+        {0: d["blocks"]},
+        state_axes,
+    )
+    return (ids, positions, past_mask, readouts, block_index, packed_index, torch.tensor(owner), *states), shapes
 
 
 # What torch.export, the ONNX exporter and transformers print during an export that says nothing about it:
@@ -412,7 +451,7 @@ def traced_bindings(config: Any) -> list[Binding]:
 class GraphJob:
     """One graph to trace: which, from which config, with which weights by value, written where."""
 
-    graph: str  # prefill or continue
+    graph: str  # one of GRAPHS
     recurrence: str
     config: Any  # transformers' Qwen3_5TextConfig
     prefill_embeds: bool
@@ -440,9 +479,12 @@ def build_graph(job: GraphJob) -> dict[str, Binding]:
     if job.graph == "prefill":
         module, (args, shapes) = PrefillForward(model, job.prefill_embeds), prefill_example(model, job.example_length, job.prefill_embeds)
         inputs, outputs = prefill_names(job.prefill_embeds), ["hidden", *names]
-    else:
+    elif job.graph == "continue":
         module, (args, shapes) = ContinueForward(model), continue_example(model, job.example_length)
         inputs, outputs = CONTINUE_INPUTS + [f"past_{n}" for n in names], ["hidden"]
+    else:
+        module, (args, shapes) = PackedForward(model), packed_example(model, job.example_length)
+        inputs, outputs = PACKED_INPUTS + [f"past_{n}" for n in names], ["hidden"]
     progress.note(f"tracing {job.graph} ({len(template)} of {len(layer_types)} layers, {job.recurrence} recurrence)")
     # Everything on the meta device; the buffers built from the config (rotary frequencies) go in by value.
     buffers = {name: buffer.numpy() for name, buffer in model.named_buffers()}
@@ -507,19 +549,22 @@ def export_graphs(
     check: bool = True,
     prefill_embeds: bool = False,
     recurrences: tuple[str, ...] = RECURRENCES,
+    packed: bool = True,
 ) -> Path:
     """Trace the backbone of ``config`` into ``out_dir``, atomically, its weights from ``source``:
-    ``prefill.onnx``, ``continue.onnx`` (and their ``.fused`` twins; see ``graph_file``), ``export.json``.
+    ``prefill.onnx``, ``continue.onnx``, ``packed.onnx`` (and their ``.fused`` twins; see ``graph_file``), ``export.json``.
 
     ``reference()`` gives the loaded model the check compares the graphs with (``s1omni.export.onnx_check``).
     ``prefill_embeds``: the prefill takes ``inputs_embeds`` rather than token ids (vision members).
-    ``recurrences``: which Gated DeltaNet forms to write (``RECURRENCES``), each as both graphs.
+    ``recurrences``: which Gated DeltaNet forms to write (``RECURRENCES``), each as every graph.
+    ``packed``: write the packed blocks' graph too (the ``shared_context`` profile's; vision members have none).
     """
     if not recurrences or set(recurrences) - set(RECURRENCES):
         raise ValueError(f"recurrences: one or more of {', '.join(RECURRENCES)}")
     names = state_names(config.layer_types)
     weights = 4 * sum(int(np.prod(shape)) for shape in source.shapes().values())  # bytes in float32
-    files = {recurrence: {name: graph_file(name, recurrence) for name in GRAPHS} for recurrence in recurrences}
+    graphs = GRAPHS if packed else GRAPHS[:2]
+    files = {recurrence: {name: graph_file(name, recurrence) for name in graphs} for recurrence in recurrences}
     started = time.perf_counter()
     with staged_directory(out_dir, "backbone") as stage, tempfile.TemporaryDirectory(prefix=".traced-", dir=stage) as traced:
         values = foldable(source)

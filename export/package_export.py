@@ -23,6 +23,7 @@ from s1omni.runtime.staging import check_output, staged_directory
 
 from . import workers
 from .families import export_family
+from .naming import GRAPHS
 
 
 def export_package(
@@ -37,10 +38,10 @@ def export_package(
     graphs TensorRT parses, ONNX Runtime's fused kernels, or both)."""
     started = time.perf_counter()
     check_output(out, "export")  # an --out it may not replace is refused before any work
-    # The tracing workers (a prefill and a continue graph per form) start first, before the package is
+    # The tracing workers (a prefill, a continue and a packed graph per form) start first, before the package is
     # verified and this process imports torch and the exporter itself: their imports run beside those
     # rather than after them (a package that fails verification stops them at once).
-    with workers.started(2 * len(recurrences)):
+    with workers.started(len(GRAPHS) * len(recurrences)):
         with progress.timed(f"verified {package_dir}") as verification:
             package = verify(package_dir, registry or Registry.load())
             verification.detail = f" ({package.member.name}, {len(package.files)} files hashed)"

@@ -37,6 +37,18 @@ inside the token mixers. The two token mixers are swapped, per instance and only
 Left-padded prefill rows: the Gated DeltaNet mixer rotates each row so its real tokens come first
 (``Realign``), which reproduces the unpadded reference's chunk boundaries and end padding exactly;
 attention, MLP and norms work per token and never see padded keys.
+
+Packed blocks (``PackedForward``, the ``shared_context`` profile's graph): a tree's blocks one after
+another in one row behind its prefix, without padding between them (``Packing``). Embeddings,
+norms, projections and MLP run on the packed tokens. Each Gated DeltaNet layer gathers the blocks
+into right-padded rows of their own and runs the continue mixer on them, each from its prefix's
+conv and recurrent state: ONNX Runtime's ``LinearAttention`` has no variable-length form, and a
+block must start from the prefix's state, not from the block before it. Attention reads the
+prefix's keys once per row, not once per block: the packed queries attend to the prefix and, in
+block rows, to their own block causally, and the two softmax parts are merged by their
+log-sum-exp (``packed_attention``), as the reference's ``shared_context`` merges them
+(vela2.md §8). The result is ``exact``'s up to float32 rounding: the same keys and weights, summed
+in another order.
 """
 
 from __future__ import annotations
@@ -130,16 +142,49 @@ def _bias(allowed: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
+class Packing:
+    """Where the blocks of a packed forward lie. Rows (``R``, one per prefix) hold their blocks one after
+    another (``T`` wide, right-padded); block rows (``N`` blocks, ``L`` wide) hold one block each.
+
+    ``block_index`` ``[N, L]``: the flat packed position (``row * T + t``) of each block row's tokens,
+    right-padded with the block's last; ``packed_index`` ``[R, T]``: the flat block-row position
+    (``block * L + l``) of each packed token, any one for padding; ``owner`` ``[N]``: each block's row.
+    """
+
+    block_index: torch.Tensor
+    packed_index: torch.Tensor
+    owner: torch.Tensor
+    prefix_bias: torch.Tensor  # [R, 1, 1, P]: 0 for a real prefix key, ``MASKED`` for padding
+    own_bias: torch.Tensor  # [1, 1, L, L]: causal within a block row
+
+    def to_blocks(self, values: torch.Tensor) -> torch.Tensor:
+        """``[R, T, ...]`` packed values as ``[N, L, ...]`` block rows."""
+        return _flat_gather(values, self.block_index)
+
+    def to_packed(self, values: torch.Tensor) -> torch.Tensor:
+        """``[N, L, ...]`` block-row values as ``[R, T, ...]`` packed."""
+        return _flat_gather(values, self.packed_index)
+
+
+def _flat_gather(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values`` ``[A, B, ...]`` flattened over its first two axes, taken at ``index`` ``[C, D]``: ``[C, D, ...]``."""
+    rest = values.shape[2:]
+    flat = values.reshape(values.shape[0] * values.shape[1], *rest)
+    return torch.index_select(flat, 0, index.reshape(-1)).reshape(index.shape[0], index.shape[1], *rest)
+
+
+@dataclass
 class ExplicitState:
     """What the patched mixers read (``past``, the key mask) and write (``present``) in one forward."""
 
-    keys: KeyMask
+    keys: KeyMask | None
     # ``keys.bias`` over every query [B, 1, S, P + S], before any layer, shared by the unchunked layers;
     # a graph whose layers all attend in chunks never reads it, and the exporter drops it.
-    bias: torch.Tensor
+    bias: torch.Tensor | None
     past: dict[str, torch.Tensor] = field(default_factory=dict)
     realign: Realign | None = None
     present: dict[str, torch.Tensor] = field(default_factory=dict)
+    packing: Packing | None = None
 
 
 def prefill_state(attention_mask: torch.Tensor) -> ExplicitState:
@@ -158,6 +203,16 @@ def continue_state(past_mask: torch.Tensor, length: int, past: dict[str, torch.T
     steps = torch.arange(length, device=device)
     keys = KeyMask(valid, torch.cat([prefix, steps]))
     return ExplicitState(keys, keys.bias(steps), past=past)
+
+
+def packed_state(
+    past_mask: torch.Tensor, block_index: torch.Tensor, packed_index: torch.Tensor, owner: torch.Tensor, past: dict[str, torch.Tensor]
+) -> ExplicitState:
+    """Packed blocks (``Packing``) after left-padded prefixes whose keys ``past_mask`` marks."""
+    steps = torch.arange(block_index.shape[1], device=block_index.device)
+    causal = _bias((steps[None, :] <= steps[:, None])[None])
+    packing = Packing(block_index, packed_index, owner, _bias(past_mask.bool()[:, None, :]), causal)
+    return ExplicitState(None, None, past=past, packing=packing)
 
 
 def unit_lower_inverse(system: torch.Tensor) -> torch.Tensor:
@@ -330,8 +385,14 @@ def gated_delta_net_forward(
     self, hidden_states: torch.Tensor, cache_params: ExplicitState, rule=chunk_gated_delta_rule, **kwargs
 ) -> torch.Tensor:
     """``Qwen3_5GatedDeltaNet.forward`` with the conv window and recurrent state in ``cache_params``;
-    ``rule`` computes the delta rule (``RULES``)."""
+    ``rule`` computes the delta rule (``RULES``). Packed blocks (``Packing``) run as block rows, each from its
+    prefix's state."""
     state, realign = cache_params, cache_params.realign
+    packing = state.packing
+    if packing is not None:
+        own = [f"conv.{self.layer_idx}", f"recurrent.{self.layer_idx}"]
+        blocks = ExplicitState(None, None, past={name: torch.index_select(state.past[name], 0, packing.owner) for name in own})
+        return packing.to_packed(gated_delta_net_forward(self, packing.to_blocks(hidden_states), blocks, rule))
     if realign is not None:
         # HF's apply_mask_to_padding_states, then each row's real tokens to the front.
         hidden_states = rows(hidden_states * realign.valid[..., None].to(hidden_states.dtype), realign.front)
@@ -415,6 +476,59 @@ def chunked_attention(
     return _unchunked(out, batch, heads, chunks, size, pad_size)
 
 
+def _grouped_scores(query: torch.Tensor, key: torch.Tensor, groups: int) -> torch.Tensor:
+    """``query`` ``[B, H, Q, D]`` against ``key`` ``[B, H / groups, K, D]``, each key head serving ``groups``
+    query heads, as ``repeat_kv`` pairs them: ``[B, H, Q, K]``. One ``bmm`` with the queries of a group
+    stacked: repeating the keys would expand a state input, and a broadcasting ``matmul`` guards its
+    lengths against 1, which a trace may not narrow."""
+    batch, heads, queries, head_dim = query.shape
+    length = key.shape[2]  # every size given: a -1 here leaves the trace a quotient it cannot simplify
+    stacked = query.reshape(batch * (heads // groups), groups * queries, head_dim)
+    keys = key.reshape(batch * (heads // groups), length, head_dim).transpose(1, 2)
+    return torch.bmm(stacked, keys).reshape(batch, heads, queries, length)
+
+
+def _grouped_values(weights: torch.Tensor, value: torch.Tensor, groups: int) -> torch.Tensor:
+    """``weights`` ``[B, H, Q, K]`` times ``value`` ``[B, H / groups, K, D]`` per group (``_grouped_scores``): ``[B, H, Q, D]``."""
+    batch, heads, queries, keys = weights.shape
+    head_dim = value.shape[3]
+    stacked = weights.reshape(batch * (heads // groups), groups * queries, keys)
+    values = value.reshape(batch * (heads // groups), keys, head_dim)
+    return torch.bmm(stacked, values).reshape(batch, heads, queries, head_dim)
+
+
+def _heads_to_blocks(packing: Packing, values: torch.Tensor) -> torch.Tensor:
+    """``[R, H, T, D]`` packed per head as ``[N, H, L, D]`` block rows."""
+    return packing.to_blocks(values.transpose(1, 2)).transpose(1, 2)
+
+
+def _heads_to_packed(packing: Packing, values: torch.Tensor) -> torch.Tensor:
+    """``[N, H, L, D]`` block rows per head as ``[R, H, T, D]`` packed."""
+    return packing.to_packed(values.transpose(1, 2)).transpose(1, 2)
+
+
+def packed_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor,
+    packing: Packing,
+) -> torch.Tensor:
+    """Softmax attention of packed queries ``[R, H, T, D]`` over their row's prefix keys and their own block's
+    keys (causally): the prefix scores on the packed row (its keys read once, whatever the number of
+    blocks), the block's own in block rows, brought beside them for one softmax over both, as ``exact``
+    takes it; the weighted sums again in each layout, then added (the log-sum-exp merge, with the
+    softmax's own normalisation). ``[R, T, H, D]``, as ``eager_attention_forward`` returns."""
+    groups = module.num_key_value_groups
+    prefix_scores = _grouped_scores(query, past_key, groups) * module.scaling + packing.prefix_bias
+    own_query, own_key, own_value = (_heads_to_blocks(packing, x) for x in (query, key, value))
+    own_scores = _heads_to_packed(packing, _grouped_scores(own_query, own_key, groups) * module.scaling + packing.own_bias)
+    weights = F.softmax(torch.cat([prefix_scores, own_scores], dim=-1), dim=-1, dtype=torch.float32)
+    # Copies, then views: reshaping a slice in place would depend on the prefix being 1 key or more.
+    prefix_weights, own_weights = (
+        part.clone(memory_format=torch.contiguous_format) for part in torch.split(weights, [prefix_scores.shape[-1], own_scores.shape[-1]], dim=-1)
+    )
+    own = _grouped_values(_heads_to_blocks(packing, own_weights), own_value, groups)
+    return (_grouped_values(prefix_weights, past_value, groups) + _heads_to_packed(packing, own)).transpose(1, 2)
+
+
 def attention_forward(
     self,
     hidden_states: torch.Tensor,
@@ -424,7 +538,8 @@ def attention_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """``Qwen3_5Attention.forward`` over ``[prefix K/V ; own K/V]`` with the key mask of ``past_key_values``;
-    ``query_chunk`` queries at a time (``chunked_attention``), or all at once with the whole mask."""
+    ``query_chunk`` queries at a time (``chunked_attention``), or all at once with the whole mask; packed
+    blocks as ``packed_attention``."""
     state = past_key_values
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
@@ -437,13 +552,16 @@ def attention_forward(
     query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
 
     state.present[f"key.{self.layer_idx}"], state.present[f"value.{self.layer_idx}"] = key_states, value_states
-    if f"key.{self.layer_idx}" in state.past:
-        key_states = torch.cat([state.past[f"key.{self.layer_idx}"], key_states], dim=2)
-        value_states = torch.cat([state.past[f"value.{self.layer_idx}"], value_states], dim=2)
-    if query_chunk is None:
-        attn_output, _ = eager_attention_forward(self, query_states, key_states, value_states, state.bias, scaling=self.scaling)
+    past_key, past_value = state.past.get(f"key.{self.layer_idx}"), state.past.get(f"value.{self.layer_idx}")
+    if state.packing is not None:
+        attn_output = packed_attention(self, query_states, key_states, value_states, past_key, past_value, state.packing)
     else:
-        attn_output = chunked_attention(self, query_states, key_states, value_states, state.keys, query_chunk)
+        if past_key is not None:
+            key_states, value_states = torch.cat([past_key, key_states], dim=2), torch.cat([past_value, value_states], dim=2)
+        if query_chunk is None:
+            attn_output, _ = eager_attention_forward(self, query_states, key_states, value_states, state.bias, scaling=self.scaling)
+        else:
+            attn_output = chunked_attention(self, query_states, key_states, value_states, state.keys, query_chunk)
     attn_output = attn_output.reshape(*input_shape, -1).contiguous() * torch.sigmoid(gate)
     return self.o_proj(attn_output), None
 
@@ -508,4 +626,19 @@ class ContinueForward(nn.Module):
         state = continue_state(past_mask, input_ids.shape[1], dict(zip(self.names, past, strict=True)))
         hidden = _layers(self.model, self.model.embed_tokens(input_ids), position_ids, state)
         # Blocks are right-padded, so the state after them (state.present) is no state to continue from.
+        return rows(hidden, readout_index)
+
+
+class PackedForward(nn.Module):
+    """``(input_ids, position_ids, past_mask, readout_index, block_index, packed_index, block_owner, *past state)
+    -> hidden``: the blocks of each prefix packed into one row (``Packing``); readouts index the packed rows."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.names = state_names(model.config.layer_types)
+
+    def forward(self, input_ids, position_ids, past_mask, readout_index, block_index, packed_index, block_owner, *past):
+        state = packed_state(past_mask, block_index, packed_index, block_owner, dict(zip(self.names, past, strict=True)))
+        hidden = _layers(self.model, self.model.embed_tokens(input_ids), position_ids, state)
         return rows(hidden, readout_index)

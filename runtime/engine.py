@@ -76,9 +76,10 @@ def record_consent(path: Path, consent: dict[str, Any]) -> None:
     _replace_manifest(path, {**read_manifest(path), "consent": consent})
 
 
-def record_merged(path: Path, merged: dict[str, Any]) -> None:
-    """Store the verdict on the engine's merged forwards against its forwards alone (``s1omni.export.merged_check``)."""
-    _replace_manifest(path, {**read_manifest(path), "merged": merged})
+def record_check(path: Path, check: str, verdict: dict[str, Any]) -> None:
+    """Store the verdict on the engine's merged (``check`` merged) or packed (shared_context) forwards against its
+    forwards alone (``s1omni.export.merged_check``)."""
+    _replace_manifest(path, {**read_manifest(path), check: verdict})
 
 
 def _replace_manifest(path: Path, manifest: dict[str, Any]) -> None:
@@ -201,6 +202,8 @@ def load_engine_model(
             f"{known.revision}; rebuild it with `s1omni export` and `s1omni build`"
         )
     model = face.from_engine(path, manifest, device)
+    if "shared_context" in manifest:  # the verdict Vela 2.0's shared_context is served on
+        model.packed_check = manifest["shared_context"]
     if not allow_unvalidated:
         model.validation = served_validation(manifest)  # for its card
     return model

@@ -19,7 +19,12 @@ with a copy whose consent stands (``s1omni serve --profiles max_speed --reduced-
 ``s1omni.runtime.reduced_copy``): otherwise it does not start. Its card entry is ``approximate`` and
 names the copy and its consent figures.
 
-The reference's ``shared_context`` (a tree's blocks packed behind one prefix) is not served here yet.
+``shared_context`` packs each tree's blocks into one row behind its prefix (the engine's packed graph,
+``s1omni.export.patches.PackedForward``) and, like ``exact``, never merges requests. It is ``exact`` up to
+float32 rounding (the same keys and weights, summed in another order), not byte for byte; a server offers it
+only with an engine whose packed forwards passed ``s1omni validate ENG --shared-context`` (the device's
+fixed gate against exact, ``s1omni.export.merged_check``), and its card entry carries that verdict's
+figures. ``batching`` still merges requests in exact's layout: it does not pack.
 """
 
 from __future__ import annotations
@@ -46,9 +51,10 @@ class Profile:
 
 
 EXACT = Profile("exact", merges_requests=False)
+SHARED_CONTEXT = Profile("shared_context", merges_requests=False)  # on the engine's packed graph
 BATCHING = Profile("batching", merges_requests=True)
 MAX_SPEED = Profile("max_speed", merges_requests=True)  # on a reduced copy
-KNOWN = {profile.name: profile for profile in (EXACT, BATCHING, MAX_SPEED)}
+KNOWN = {profile.name: profile for profile in (EXACT, SHARED_CONTEXT, BATCHING, MAX_SPEED)}
 
 
 def well_formed(name: Any) -> bool:
@@ -85,6 +91,22 @@ def batching_entry(limits: Limits) -> dict[str, Any]:
         "description": (
             f"{_merging(limits, BATCHING)}: a prefix may be left-padded to another request's, so answers are within the "
             "engine's gate of exact (the same decisions), not byte for byte"
+        ),
+    }
+
+
+def shared_context_entry(check: dict[str, Any]) -> dict[str, Any]:
+    """The card's entry for ``shared_context``, from the engine's passed packed check (``s1omni validate --shared-context``)."""
+    summary = check["summary"]
+    return {
+        "name": SHARED_CONTEXT.name,
+        "numerics": "approximate",
+        "check": {"gate": check["gate"]["name"], "decisions": summary["decisions"], "span_sets": summary["span_sets"],
+                  "max_probability": summary["max_probability"]},  # fmt: skip
+        "description": (
+            "each tree's blocks packed into one row behind its prefix, each request alone: exact's answers up to float32 "
+            f"rounding, held to the {check['gate']['name']} gate of exact (decisions {summary['decisions']}, max |dp| "
+            f"{summary['max_probability']:.2g} on the calibration cases)"
         ),
     }
 

@@ -30,7 +30,7 @@ from . import wire
 from .config import ServeConfig
 from .families import Family, family_for
 from .metrics import Metrics
-from .profiles import MAX_SPEED, max_speed_entry
+from .profiles import MAX_SPEED, SHARED_CONTEXT, max_speed_entry, shared_context_entry
 from .scheduler import Arrival, Instance, Scheduler
 from .timing import Timing
 
@@ -104,6 +104,8 @@ class Service:
             model = instances[0][0]  # plans, heads and finish run on the first; forwards on each worker's own
             card = self.family.card(model)
             copy = instances[0][1]
+            if SHARED_CONTEXT.name in self.config.profiles:
+                card["profiles"] = [*card["profiles"], shared_context_entry(model.packed_check)]
             if copy is not None:
                 card["profiles"] = [*card["profiles"], max_speed_entry(self.family.limits, copy.card())]
                 log.info("max_speed on the reduced copy %s (consent: %s)", copy.path, copy.card()["consent"])
@@ -136,12 +138,22 @@ class Service:
         model = self.source.load()
         if model.family != self.family.name:
             raise InputError(f"{self.source.label} loaded as a {model.family} model, not {self.family.name}")
+        if SHARED_CONTEXT.name in self.config.profiles:
+            check = getattr(model, "packed_check", None)
+            if not (check and check.get("passed")):
+                verdict = "its verdict is a miss" if check else "it has no verdict: run that check first"
+                raise GateMissed(f"shared_context serves an engine whose packed forwards passed `s1omni validate ENG --shared-context`; "
+                                 f"{self.source.label}: {verdict}")  # fmt: skip
+            model.open_shared_context()
         copy = self.source.reduced_copy() if self.source.reduced_copy is not None else None  # GateMissed unless its consent stands
         return model, copy
 
-    @staticmethod
-    def _forwards(model: DecisionModel, copy: ReducedCopy | None) -> Instance:
-        return Instance(model.forward, {MAX_SPEED.name: copy.model.forward} if copy is not None else {})
+    def _forwards(self, model: DecisionModel, copy: ReducedCopy | None) -> Instance:
+        """The instance's forward per profile: exact's and batching's ``forward``, shared_context's packed one, max_speed's copy's."""
+        forwards = {MAX_SPEED.name: copy.model.forward} if copy is not None else {}
+        if SHARED_CONTEXT.name in self.config.profiles:
+            forwards[SHARED_CONTEXT.name] = model.forward_packed
+        return Instance(model.forward, forwards)
 
     async def _warm_up(self) -> None:
         """The golden request, answered as a client's would be; however it fails, the model missed a gate."""

@@ -129,6 +129,21 @@ def test_merged_requests_answer_as_one_request_each(tiny_model) -> None:
         named("noul-default@0", "vela2")
 
 
+def test_a_shared_context_workload_runs_the_packed_forward_where_there_is_one(tiny_model, cpu_engine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from s1omni.runtime.engine import load_engine_model
+
+    packed = named("router:shared_context", "vela2")
+    assert packed.packed and packed.body == named("router", "vela2").body and packed.facts["profile"] == "shared_context"
+    engine = load_engine_model(cpu_engine, allow_unvalidated=True)
+    ran: list[str] = []
+    monkeypatch.setattr(engine, "forward_packed", lambda plans, run=engine.forward_packed: ran.append("packed") or run(plans))
+    exact = engine.answer(packed.body)
+    assert [response["answers"].keys() for response in packed.call(engine)()] == [exact["answers"].keys()] and ran == ["packed"]
+    assert packed.forward(tiny_model) == tiny_model.forward  # the torch reference has no packed forward: exact
+    with pytest.raises(UsageError, match="only Vela 2.0 requests run shared_context"):
+        named("backbone-16:shared_context", "vela2")
+
+
 def test_a_request_runs_in_steps_and_a_backbone_workload_does_not(tiny_model) -> None:
     steps = named("noul-default@2", "vela2").stages(tiny_model)()
     assert list(steps) == ["plan", "forward", "readout", "finish"] and all(value > 0 for value in steps.values())

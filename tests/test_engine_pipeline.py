@@ -216,12 +216,17 @@ def test_cuda_engine_passes_its_gate(exported: Path, tiny_vela: Path, tmp_path: 
 def test_engine_graphs_follow_the_exported_recurrences(tmp_path: Path) -> None:
     from s1omni.export.build import backbone_variants, ort_files
 
-    for name in ("prefill.onnx", "continue.onnx", "prefill.fused.onnx", "continue.fused.onnx", "weights.data", "heads.safetensors"):
+    graphs = ("prefill.onnx", "continue.onnx", "packed.onnx", "prefill.fused.onnx", "continue.fused.onnx", "packed.fused.onnx")
+    for name in (*graphs, "weights.data", "heads.safetensors"):
         (tmp_path / name).write_bytes(b"")
     assert set(backbone_variants(tmp_path)) == {"scan", "fused"}
-    fused = {"weights.data": "weights.data", "prefill.onnx": "prefill.fused.onnx", "continue.onnx": "continue.fused.onnx"}
-    portable = {"weights.data": "weights.data", "prefill.onnx": "prefill.onnx", "continue.onnx": "continue.onnx"}
+    fused = {"weights.data": "weights.data", "prefill.onnx": "prefill.fused.onnx", "continue.onnx": "continue.fused.onnx",
+             "packed.onnx": "packed.fused.onnx"}  # fmt: skip
+    portable = {"weights.data": "weights.data", "prefill.onnx": "prefill.onnx", "continue.onnx": "continue.onnx", "packed.onnx": "packed.onnx"}
     assert ort_files(tmp_path, "cuda") == ("fused", fused) and ort_files(tmp_path, "cpu") == ("scan", portable)
-    for name in ("prefill.onnx", "continue.onnx"):
+    for name in ("prefill.onnx", "continue.onnx", "packed.onnx"):
         (tmp_path / name).unlink()
     assert ort_files(tmp_path, "cpu") == ("fused", fused)  # a fused-only export: the CPU runs it too
+    (tmp_path / "packed.fused.onnx").unlink()  # an export from before the packed graph builds without it
+    del fused["packed.onnx"]
+    assert ort_files(tmp_path, "cuda") == ("fused", fused)

@@ -33,7 +33,7 @@ def test_the_cpu_engine_answers_merged_requests_as_it_answers_each_alone(cpu_eng
     shutil.copytree(cpu_engine, engine)  # the session's engine is shared: its manifest stays as it is
     result = run_s1omni("validate", str(engine), "--merged", "4", "--cases", str(four_cases), "--report", str(tmp_path / "merged.json"))
     assert result.returncode == 0, result.stderr
-    assert "PASSED gate cpu-fp32 (merged against alone)" in result.stderr
+    assert "PASSED gate cpu-fp32 (merged 4 to a forward against alone)" in result.stderr
     report = json.loads((tmp_path / "merged.json").read_text(encoding="utf-8"))
     recorded = read_manifest(engine)["merged"]
     assert recorded == {key: value for key, value in report.items() if key != "table"}

@@ -27,18 +27,21 @@ from s1omni.export.onnx_check import check_graphs, reference_outputs
 from s1omni.export.onnx_export import (
     EXAMPLE_LENGTH,
     OPSET,
+    PACKED_INPUTS,
     PREFILL_INPUTS,
     export_model,
     graph_file,
     load_package_backbone,
     node_count,
     package_backbone,
+    packed_example,
     prefill_example,
     to_onnx,
     trace,
 )
 from s1omni.export.naming import RECURRENCES
 from s1omni.export.patches import (
+    PackedForward,
     PrefillForward,
     explicit_state_forward,
     fused_gated_delta_rule,
@@ -128,7 +131,7 @@ def test_fused_rule_is_the_chunked_rule() -> None:
 @pytest.mark.slow
 def test_export_writes_checked_graphs(exported: Path) -> None:
     layers = 3  # the tiny member's Gated DeltaNet layers
-    for name in ("prefill", "continue"):
+    for name in ("prefill", "continue", "packed"):
         graph = onnx.load(str(exported / f"{name}.onnx"))
         onnx.checker.check_model(graph)
         assert [op for op in graph.graph.node if op.op_type in ("Scan", "Loop")], f"{name}.onnx has no Scan or Loop"
@@ -143,19 +146,25 @@ def test_export_writes_checked_graphs(exported: Path) -> None:
 
 
 @pytest.mark.slow
-def test_graphs_are_the_loaded_models_own_trace(exported: Path, reference: TorchRunner) -> None:
+@pytest.mark.parametrize("graph", ["prefill", "packed"])
+def test_graphs_are_the_loaded_models_own_trace(graph: str, exported: Path, reference: TorchRunner) -> None:
     """Traced from the config (layers 0 and 1 and an attention layer; layers 2 and 3 stamped from them,
     ``s1omni.export.layer_stamp``) with the weights bound afterwards and optimised without
     ``QUADRATIC_RULES``, a graph is what tracing the loaded model gives with the default optimiser: the
     same nodes in the same order, wired alike, inputs and outputs, and the same initializers, byte for byte."""
     model = reference.model
-    args, shapes = prefill_example(model, EXAMPLE_LENGTH)
-    outputs = ["hidden", *state_names(model.config.layer_types)]
+    names = state_names(model.config.layer_types)
+    if graph == "prefill":
+        module, (args, shapes) = PrefillForward(model), prefill_example(model, EXAMPLE_LENGTH)
+        inputs, outputs = PREFILL_INPUTS, ["hidden", *names]
+    else:
+        module, (args, shapes) = PackedForward(model), packed_example(model, EXAMPLE_LENGTH)
+        inputs, outputs = PACKED_INPUTS + [f"past_{name}" for name in names], ["hidden"]
     # Optimised with every default rule, those the export leaves out (QUADRATIC_RULES) included.
-    own = ir.to_proto(to_onnx(trace(PrefillForward(model), args, shapes, "fused"), shapes, PREFILL_INPUTS, outputs, OPSET, rules_left_out=()))
-    found = onnx.load(str(exported / "prefill.fused.onnx"))
-    assert [v.name for v in found.graph.input] == PREFILL_INPUTS and [v.name for v in found.graph.output] == outputs
-    assert [v.name for v in own.graph.input] == PREFILL_INPUTS and [v.name for v in own.graph.output] == outputs
+    own = ir.to_proto(to_onnx(trace(module, args, shapes, "fused"), shapes, inputs, outputs, OPSET, rules_left_out=()))
+    found = onnx.load(str(exported / graph_file(graph, "fused")))
+    assert [v.name for v in found.graph.input] == inputs and [v.name for v in found.graph.output] == outputs
+    assert [v.name for v in own.graph.input] == inputs and [v.name for v in own.graph.output] == outputs
     assert structure(found.graph) == structure(own.graph)
 
 
@@ -184,19 +193,21 @@ def test_bound_weights_are_the_package_tensors(exported: Path, tiny_vela: Path) 
 
 
 @pytest.mark.slow
-def test_the_check_fails_a_graph_with_one_wrong_weight(exported: Path, reference: TorchRunner, tmp_path: Path) -> None:
-    """The post-export check (the reference's outputs against both graphs'): the graphs as exported pass,
-    and the same graphs with one matrix's rows in reverse order fail."""
-    variants = {"fused": {graph: graph_file(graph, "fused") for graph in ("prefill", "continue")}}
+@pytest.mark.parametrize("broken", ["prefill", "packed"])
+def test_the_check_fails_a_graph_with_one_wrong_weight(broken: str, exported: Path, reference: TorchRunner, tmp_path: Path) -> None:
+    """The post-export check (the reference's outputs against every graph's): the graphs as exported pass,
+    and the same graphs with one matrix's rows of one graph in reverse order fail, naming that graph."""
+    variants = {"fused": {graph: graph_file(graph, "fused") for graph in ("prefill", "continue", "packed")}}
     expected = reference_outputs(reference.model)
-    assert check_graphs(expected, exported, variants)["fused"]["prefill.hidden"] < 1e-4
+    report = check_graphs(expected, exported, variants)["fused"]
+    assert report["prefill.hidden"] < 1e-4 and report["packed.hidden"] < 1e-4
     for graph, file in variants["fused"].items():
         model = onnx.load(str(exported / file))
-        if graph == "prefill":
+        if graph == broken:
             tensor = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
             tensor.CopyFrom(numpy_helper.from_array(np.flip(numpy_helper.to_array(tensor), 0).copy(), tensor.name))
         onnx.save(model, str(tmp_path / file))
-    with pytest.raises(RuntimeError, match="differ from the transformers model"):
+    with pytest.raises(RuntimeError, match=f"differ from the transformers model.*'{broken}.hidden'"):
         check_graphs(expected, tmp_path, variants)
 
 
@@ -318,11 +329,11 @@ def test_a_weight_that_does_not_fit_its_placeholder_is_refused(bindings: dict, w
 def test_export_prints_its_progress_and_no_third_party_warnings(exported: Path) -> None:
     printed = (exported.parent / "export.stderr").read_text(encoding="utf-8")
     assert "s1omni export: tracing prefill" in printed and "s1omni export: checked" in printed  # the workers' lines too
-    phases = ("verified .*", "imported torch and the exporter", "ran the torch reference for the check", "checked 4 graphs against the torch reference",
+    phases = ("verified .*", "imported torch and the exporter", "ran the torch reference for the check", "checked 6 graphs against the torch reference",
               ".*: wrote heads and tokenizer", "pinned the export's files in manifest.json", "exported vela2-synth-tiny-s0")  # fmt: skip
     for phase in phases:  # each phase says where its time went
         assert re.search(rf"^s1omni export: {phase} in \d+\.\d s$", printed, re.MULTILINE), phase
-    assert re.search(r"^s1omni export: traced 4 graphs in \d+\.\d s, wrote them in \d+\.\d s$", printed, re.MULTILINE)
+    assert re.search(r"^s1omni export: traced 6 graphs in \d+\.\d s, wrote them in \d+\.\d s$", printed, re.MULTILINE)
     assert "Warning" not in printed and "torchvision" not in printed, printed
 
 

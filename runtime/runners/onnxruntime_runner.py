@@ -22,6 +22,12 @@ and readouts on the right), each shape's inputs are copied into its graph's buff
 state rows are gathered straight into the continue graph's. A prefix state then lives in its graph's
 buffers until the next prefill of the same shape, which ``continue_blocks`` checks.
 
+``run_packed`` (the ``shared_context`` profile, engines whose export has ``packed.onnx``; ``open_packed``
+loads it) runs each batch's prefill as ``run`` does, then each length group of its blocks in one call of
+the packed graph, each tree's blocks one after another in one row (``s1omni.runtime.runners.packing``),
+reading the prefix state where the prefill left it: at most one copy of it per call, never one per
+block. The packed graph runs outside CUDA graphs, its shapes being the requests' own.
+
 Float32 inputs, outputs and state throughout. On CUDA the engine's manifest says how its matmuls
 run: float32 (``fp32``), on TF32 tensor cores (``tf32``), or with the weight GEMMs in bfloat16
 (``bf16``, rewritten at build time by ``s1omni.export.bf16_gemms``); every CUDA engine is held to the GPU gate.
@@ -41,6 +47,7 @@ from ..errors import EnvironmentMissing
 from .base import Block, Prefix, Tree, pad_blocks, text_positions
 from .capture_lock import device_run
 from .cuda_graphs import UNCAPTURED, Graph, GraphedSession, bucket, run_options
+from .packing import pack_blocks
 
 GATHER_OPSET = 18
 # A continue call may pad its blocks to at most this many times their tokens; wider spreads split.
@@ -183,6 +190,21 @@ class OnnxRuntimeRunner:
         if expected - {value.name for value in self._continue.get_inputs()}:
             raise ValueError(f"{engine_dir}: continue.onnx does not take the state prefill.onnx returns")
         self._rows = onnxruntime.InferenceSession(row_gather_graph(self._names), providers=chosen)  # never captured
+        self._engine_dir, self._chosen, self._options = engine_dir, chosen, options
+        self._packed: onnxruntime.InferenceSession | None = None
+
+    @property
+    def can_pack(self) -> bool:
+        """Whether the engine has the packed graph ``run_packed`` runs (exports before it have none)."""
+        return (self._engine_dir / "packed.onnx").is_file()
+
+    def open_packed(self) -> None:
+        """Load the packed graph (a third session, with its own copy of the weights on the device: only
+        servers that enable ``shared_context`` pay for it)."""
+        if self._packed is None:
+            if not self.can_pack:
+                raise ValueError(f"{self._engine_dir} has no packed.onnx: export and build the engine again for shared_context")
+            self._packed = onnxruntime.InferenceSession(str(self._engine_dir / "packed.onnx"), self._options, providers=self._chosen)
 
     @device_run
     def prefill(self, prefix: Prefix) -> PrefixState:
@@ -209,6 +231,52 @@ class OnnxRuntimeRunner:
             for index in chosen:
                 out[index] = [next(hidden) for _ in trees[index].blocks]
         return out
+
+    @device_run
+    def run_packed(self, trees: Sequence[Tree]) -> list[list[np.ndarray]]:
+        """``run``'s answers from the packed graph (``open_packed`` first): per batch of ``tree_batches`` one
+        prefill call, then per length group of its blocks (``length_groups``, as ``run`` groups them, so
+        that a block row is not padded to a much longer block's width) one packed call, whose rows are
+        the group's trees, each holding its blocks of the group one after another. A group of one block
+        per tree runs as ``run`` runs it (the continue graph): the packed graph attends to a block's own
+        keys unchunked, 3x slower than the continue graph's chunks on the CPU for one 6,942-token block,
+        and a row of one block has nothing to pack."""
+        if self._packed is None:
+            raise RuntimeError("the packed graph is not loaded: open_packed() first")
+        busy = [index for index, tree in enumerate(trees) if tree.blocks]
+        out: list[list[np.ndarray]] = [[np.empty(0)] * len(tree.blocks) for tree in trees]
+        for batch in tree_batches([trees[index].tokens for index in busy]):
+            chosen = [busy[position] for position in batch]
+            state = self._prefill_batch([trees[index].prefix for index in chosen])
+            places = [(row, number) for row, index in enumerate(chosen) for number in range(len(trees[index].blocks))]
+            lengths = [len(trees[chosen[row]].blocks[number].ids) for row, number in places]
+            for group in length_groups(lengths, PADDING_SLACK):
+                taken = sorted(places[i] for i in group)
+                rows = sorted({row for row, _ in taken})
+                blocks = [[trees[chosen[row]].blocks[number] for owner, number in taken if owner == row] for row in rows]
+                if len(taken) == len(rows):  # a block a row packs nothing: the continue graph's call, exact's own
+                    hidden = iter(self._continue_batch(state, np.array(rows, np.int64), [row[0] for row in blocks]))
+                else:
+                    hidden = iter(self._packed_call(state, np.array(rows, np.int64), blocks))
+                for row, number in taken:
+                    out[chosen[row]][number] = next(hidden)
+        return out
+
+    def _packed_call(self, state: PrefixState, rows: np.ndarray, blocks: Sequence[Sequence[Block]]) -> list[np.ndarray]:
+        """One packed call over ``blocks`` (per prefix row of ``state`` in ``rows``, its blocks); their hidden
+        states in order. A call of some of the state's rows reads a copy of those rows (one per prefix)."""
+        self._check_current(state)
+        packed = pack_blocks(blocks, state.starts[rows])
+        every = len(rows) == len(state.starts)  # rows are sorted and unique: every row, in order
+        values = state.values if every else self._owner_rows(state, rows)
+        binding = self._packed.io_binding()
+        for name, value in {**packed.feeds, "past_mask": state.mask[rows]}.items():
+            binding.bind_cpu_input(name, value)
+        for name, value in zip(self._names, values, strict=True):
+            binding.bind_ortvalue_input(f"past_{name}", value)
+        binding.bind_output("hidden", "cpu")
+        self._packed.run_with_iobinding(binding)
+        return packed.split(binding.copy_outputs_to_cpu()[0])
 
     def _prefill_batch(self, prefixes: Sequence[Prefix]) -> PrefixState:
         width = max(len(prefix.ids) for prefix in prefixes)
@@ -248,9 +316,14 @@ class OnnxRuntimeRunner:
                 out[index] = hidden
         return out
 
-    def _continue_batch(self, state: PrefixState, owners: np.ndarray, blocks: Sequence[Block]) -> list[np.ndarray]:
+    @staticmethod
+    def _check_current(state: PrefixState) -> None:
+        """Refuse a prefix state that a later prefill of the same shape overwrote (CUDA graph buffers)."""
         if state.graph is not None and state.graph.runs != state.graph_run:
             raise RuntimeError("this prefix state was overwritten by a later prefill of the same shape (CUDA graph buffers)")
+
+    def _continue_batch(self, state: PrefixState, owners: np.ndarray, blocks: Sequence[Block]) -> list[np.ndarray]:
+        self._check_current(state)
         ids, readouts = pad_blocks(blocks, bucket if self._graphs else None)
         width = ids.shape[1]
         positions = (state.starts[owners][:, None] + np.arange(width, dtype=np.int64)[None, :])[None].repeat(3, axis=0)

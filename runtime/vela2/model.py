@@ -12,14 +12,14 @@ inputs on a CPU, 32 on a GPU). A question reading a part past it fails with
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import DEADLINE_EXCEEDED, MAX_LENGTH_EXCEEDED, SCAN_BUDGET_EXCEEDED, RequestError, item_error
+from ..errors import DEADLINE_EXCEEDED, MAX_LENGTH_EXCEEDED, SCAN_BUDGET_EXCEEDED, RequestError, UsageError, item_error
 from ..identity import Identity, identity_of
 from ..package import VerifiedPackage
 from ..runners.base import BackboneRunner, Tree, numerics
@@ -105,6 +105,7 @@ def head_tensors(package: VerifiedPackage) -> dict[str, np.ndarray]:
 class Vela2Model:
     family = "vela2"
     validation: dict[str, Any] | None = None  # a validated engine's: the gate it met (``runtime.engine.served_validation``)
+    packed_check: dict[str, Any] | None = None  # an engine's packed forwards against exact (``s1omni validate --shared-context``)
 
     def __init__(
         self,
@@ -256,8 +257,25 @@ class Vela2Model:
 
     def forward(self, plans: Sequence[Vela2Plan]) -> list[list[list[np.ndarray]]]:
         """The runner over every tree of ``plans`` at once; per plan, its trees' hidden states (per block)."""
+        return self._forward(plans, self.runner.run)
+
+    def open_shared_context(self) -> None:
+        """Make ``forward_packed`` ready: the engine's packed graph loaded; ``UsageError`` for a runner without one."""
+        can_pack = getattr(self.runner, "can_pack", False)
+        if not can_pack:
+            raise UsageError(f"shared_context runs an engine's packed graph, which this {self.engine} backbone has not "
+                             "(serve an ONNX Runtime engine built from an export of this version)")  # fmt: skip
+        self.runner.open_packed()
+
+    def forward_packed(self, plans: Sequence[Vela2Plan]) -> list[list[list[np.ndarray]]]:
+        """``forward`` with each tree's blocks packed into one row behind its prefix (``shared_context``;
+        ``open_shared_context`` first)."""
+        return self._forward(plans, self.runner.run_packed)
+
+    @staticmethod
+    def _forward(plans: Sequence[Vela2Plan], run: Callable[[list[Tree]], list[list[np.ndarray]]]) -> list[list[list[np.ndarray]]]:
         trees = [tree for plan in plans for tree, _ in plan.trees]
-        hidden = iter(self.runner.run(trees) if trees else [])
+        hidden = iter(run(trees) if trees else [])
         return [[next(hidden) for _ in plan.trees] for plan in plans]
 
     def readout(self, plan: Vela2Plan, hidden: Sequence[Sequence[np.ndarray]]) -> dict[int, np.ndarray]:

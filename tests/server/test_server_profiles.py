@@ -148,7 +148,9 @@ def test_meta_names_the_profile_a_request_ran(server: Server, profile: str) -> N
 @pytest.mark.parametrize(
     ("profile", "message"),
     [
-        ("shared_context", "options.profile 'shared_context' is not enabled on this server, which runs ['exact', 'batching']"),
+        ("fastest", "options.profile 'fastest' is not enabled on this server, which runs ['exact', 'batching']"),
+        ("shared_context", "options.profile 'shared_context' is not enabled on this server, which runs ['exact', 'batching'] "
+                           "(`s1omni serve --profiles shared_context` enables it)"),
         ("max_speed", "options.profile 'max_speed' is not enabled on this server, which runs ['exact', 'batching'] "
                       "(`s1omni serve --profiles max_speed --reduced-copy COPY` enables it)"),
         ("Batching", "options.profile must be a profile name ([a-z][a-z0-9_]*): one of ['exact', 'batching']"),
