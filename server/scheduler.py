@@ -20,10 +20,13 @@ count (``max_batch_tokens``, ``max_batch_plans``); what may share it is the job'
   a short window (``batch_window_s``) while other requests are on their way (read, parsed,
   planned, not yet admitted: ``Arrival``, whatever their profile), so that requests arriving
   together share a forward while a lone request never waits for nobody. With several instances a
-  worker takes its share of what may merge (an equal split among the workers between forwards), not
-  all of it: on the H200 a worker that took every queued request kept the other instance to the few
-  that came back meanwhile, and at 16 clients two clients got 157 answers while the 14 others got 20
-  (benchmarks/h200-0.8B-http/batching-instances2, the reference server).
+  worker takes its share of what may merge: an equal split among the idle workers, and at most an
+  equal split among all instances of the work in hand (what may merge plus the jobs in the busy
+  workers' forwards). On the H200 a worker that took every queued request kept the other instance to
+  the few that came back meanwhile, and at 16 clients two clients got 157 answers while the 14 others
+  got 20 (benchmarks/h200-0.8B-http/batching-instances2, the reference server). The idle split alone
+  did not change it (benchmarks/h200-0.8B-mixers-instances2: 157 and 156 against 20): the worker that
+  took the long batch found the other busy, so its share was all of them again.
 
 The worker runs only the forward of a batch (its instance's ``model.forward``): a job's result is its
 share of it, and the heads, finish and encoding of each request run after, off the worker
@@ -85,6 +88,7 @@ class Job:
     batch: int = -1  # the forward that ran it, and when that forward started and ended
     started: float = 0.0
     ended: float = 0.0
+    taken: bool = False  # by a worker (counted in its forward until answered)
 
     @property
     def tokens(self) -> int:
@@ -138,6 +142,7 @@ class Scheduler:
         self._pending_tokens = 0
         self._arriving = 0
         self._idle = 0  # workers in ``_take``: between forwards
+        self._in_forwards = 0  # jobs taken by a worker and not yet answered
         self._closed = False
         self._batches = itertools.count()
         self._groups = itertools.count()
@@ -212,9 +217,14 @@ class Scheduler:
         with self._lock:
             self._idle += 1
             try:
-                return self._take_locked()
+                batch = self._take_locked()
             finally:
                 self._idle -= 1
+            if batch:
+                self._in_forwards += len(batch)
+                for job in batch:
+                    job.taken = True
+            return batch
 
     def _take_locked(self) -> list[Job] | None:
         """``_take`` under the lock."""
@@ -238,10 +248,14 @@ class Scheduler:
         first = self._queue.popleft()
         batch, tokens, kept = [first], first.tokens, deque()
         plans = limits.max_batch_plans
-        if first.profile.merges_requests and self._idle > 1:
-            # Each idle worker its share of what may merge, so that no instance idles beside a long batch.
+        if first.profile.merges_requests and len(self._instances) > 1:
+            # An equal share among the idle workers, and no more than an equal share of the work in hand (what
+            # may merge and what the busy workers run) among all instances: else a worker beside a busy one
+            # takes every queued request into one long forward while the other cycles on the few answered
+            # meanwhile.
             mergeable = 1 + sum(_shares_forward(first, job) for job in self._queue)
-            plans = min(plans, -(-mergeable // self._idle))
+            in_hand = -(-(mergeable + self._in_forwards) // len(self._instances))
+            plans = min(plans, -(-mergeable // self._idle), in_hand)
         while self._queue:
             job = self._queue.popleft()
             fits = len(batch) < plans and tokens + job.tokens <= limits.max_batch_tokens
@@ -277,6 +291,8 @@ class Scheduler:
         with self._lock:
             self._pending_jobs -= 1
             self._pending_tokens -= job.tokens
+            if job.taken:
+                self._in_forwards -= 1
         try:
             if error is not None:
                 job.future.set_exception(error)

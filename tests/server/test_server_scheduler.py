@@ -141,6 +141,33 @@ def test_idle_instances_share_what_may_merge(tiny_model: Any) -> None:
     assert running.close(10)
 
 
+def test_a_worker_beside_a_busy_one_takes_only_its_share(tiny_model: Any) -> None:
+    """Seven batching requests queued while the other worker is held in a forward of one: the idle worker
+    takes four (half the eight jobs in hand), not all seven, then half of what is left each time, so that
+    none of them waits for the held worker either."""
+    busy, release = threading.Event(), threading.Event()
+
+    def held(plans: Sequence[Any]) -> list[Any]:
+        if not busy.is_set():
+            busy.set()
+            assert release.wait(60)
+        return tiny_model.forward(plans)
+
+    running = Scheduler([Instance(held), Instance(held)], Limits(batch_window_s=WINDOW_S), Metrics())
+    running.start()
+    ahead = Job(plan(tiny_model), EXACT, None)
+    running.submit([ahead])
+    assert busy.wait(60)
+    jobs = [Job(plan(tiny_model, f"Refund number {index}."), BATCHING, None) for index in range(7)]
+    running.submit(jobs)  # one group: all seven queued at once
+    assert [answered(tiny_model, job) for job in jobs] == ["noul"] * 7  # the other worker still held
+    sizes = [sum(job.batch == batch for job in jobs) for batch in sorted({job.batch for job in jobs})]
+    assert sizes == [4, 2, 1] and not ahead.future.done()
+    release.set()
+    assert answered(tiny_model, ahead) == "noul"
+    assert running.pending() == (0, 0) and running.close(10)
+
+
 def test_a_scheduler_needs_an_instance() -> None:
     with pytest.raises(ValueError, match="at least one"):
         Scheduler([], Limits(), Metrics())
