@@ -1,9 +1,10 @@
-"""ONNX export of a Qwen3.5 text backbone (a Vela 2.0 decoder's; OmniJev's language model) as two
-graphs with explicit state.
+"""ONNX export of a Qwen3.5 text backbone (a Vela 2.0 decoder's; OmniJev's language model) as graphs
+with explicit state.
 
 ``prefill.onnx`` runs left-padded prefixes from zero state and returns the hidden states at the
-readouts plus every state tensor; ``continue.onnx`` runs right-padded blocks from those states.
-Batch, sequence, readout and prefix axes are dynamic. A vision member's prefill takes token
+readouts plus every state tensor; ``continue.onnx`` runs right-padded blocks from those states;
+``packed.onnx`` (Vela 2.0's ``shared_context``; ``patches.PackedForward``) runs each prefix's blocks
+packed into one row from the same states. Batch, sequence, readout, prefix and block axes are dynamic. A vision member's prefill takes token
 embeddings (``inputs_embeds``) rather than ids, so that its image features can take the place of
 the image placeholders' embeddings.
 
