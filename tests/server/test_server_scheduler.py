@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -39,6 +39,19 @@ def answered(model: Any, job: Job) -> str:
     return model.finish(job.plan, model.readout(job.plan, result(job.future)))["answers"]["refund"]["type"]
 
 
+def held_first_forward(model: Any) -> tuple[threading.Event, threading.Event, Callable[[Sequence[Any]], list[Any]]]:
+    """A forward of ``model`` whose first call sets ``busy`` and waits for ``release``; later calls run at once."""
+    busy, release = threading.Event(), threading.Event()
+
+    def held(plans: Sequence[Any]) -> list[Any]:
+        if not busy.is_set():
+            busy.set()
+            assert release.wait(60)
+        return model.forward(plans)
+
+    return busy, release, held
+
+
 def result(future: Future[Any]) -> Any:
     return future.result(timeout=120)
 
@@ -64,14 +77,7 @@ def test_batching_jobs_waiting_together_share_one_forward(tiny_model: Any) -> No
 def test_exact_jobs_share_a_forward_with_their_own_states_only(tiny_model: Any) -> None:
     """Three requests queued together behind a forward in flight (the second with a state of its own)
     and a batching one: each exact request gets forwards of its own, at once, whatever the window."""
-    busy, release = threading.Event(), threading.Event()
-
-    def held(plans: Sequence[Any]) -> list[Any]:
-        if not busy.is_set():
-            busy.set()
-            assert release.wait(60)
-        return tiny_model.forward(plans)
-
+    busy, release, held = held_first_forward(tiny_model)
     metrics = Metrics()
     running = scheduler(tiny_model, metrics, held)
     arrival = running.arrive()  # open the whole time: an exact job does not wait for it
@@ -145,14 +151,7 @@ def test_a_worker_beside_a_busy_one_takes_only_its_share(tiny_model: Any) -> Non
     """Seven batching requests queued while the other worker is held in a forward of one: the idle worker
     takes four (half the eight jobs in hand), not all seven, then half of what is left each time, so that
     none of them waits for the held worker either."""
-    busy, release = threading.Event(), threading.Event()
-
-    def held(plans: Sequence[Any]) -> list[Any]:
-        if not busy.is_set():
-            busy.set()
-            assert release.wait(60)
-        return tiny_model.forward(plans)
-
+    busy, release, held = held_first_forward(tiny_model)
     running = Scheduler([Instance(held), Instance(held)], Limits(batch_window_s=WINDOW_S), Metrics())
     running.start()
     ahead = Job(plan(tiny_model), EXACT, None)
