@@ -238,9 +238,9 @@ class OnnxRuntimeRunner:
         prefill call, then per length group of its blocks (``length_groups``, as ``run`` groups them, so
         that a block row is not padded to a much longer block's width) one packed call, whose rows are
         the group's trees, each holding its blocks of the group one after another. A group of one block
-        per tree runs as ``run`` runs it (the continue graph): the packed graph attends to a block's own
-        keys unchunked, 3x slower than the continue graph's chunks on the CPU for one 6,942-token block,
-        and a row of one block has nothing to pack."""
+        per tree runs as ``run`` runs it (the continue graph): a row of one block has nothing to pack, and
+        the packed graph attends to a block's own keys unchunked where the CPU's continue graph attends
+        64 queries at a time."""
         if self._packed is None:
             raise RuntimeError("the packed graph is not loaded: open_packed() first")
         busy = [index for index, tree in enumerate(trees) if tree.blocks]
