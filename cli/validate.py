@@ -85,7 +85,7 @@ def _consent(args: argparse.Namespace) -> int:
 
 
 def _against_alone(args: argparse.Namespace) -> int:
-    from s1omni.export.merged_check import run_merged, run_shared_context
+    from s1omni.export.merged_check import check_label, run_merged, run_shared_context
     from s1omni.runtime.errors import GateMissed, UsageError
 
     if args.merged is not None and args.shared_context:
@@ -94,10 +94,10 @@ def _against_alone(args: argparse.Namespace) -> int:
     if args.exact or args.rounds is not None or args.package or args.reference or args.reference_device:
         raise UsageError(f"{flag} judges the engine against itself: it takes --cases and --report only")
     if args.shared_context:
-        report, what = run_shared_context(args.engine, args.cases, args.report), "packed (shared_context)"
+        report = run_shared_context(args.engine, args.cases, args.report)
     else:
-        report, what = run_merged(args.engine, args.merged, args.cases, args.report), f"merged {args.merged} to a forward"
+        report = run_merged(args.engine, args.merged, args.cases, args.report)
     emit(args, {"engine": args.engine, report["check"]: report}, None)  # the verdict was printed
     if not report["passed"]:
-        raise GateMissed(f"{args.engine}: its answers {what} missed the {report['gate']['name']} gate of its answers alone")
+        raise GateMissed(f"{args.engine}: its answers {check_label(report)} missed the {report['gate']['name']} gate of its answers alone")
     return 0

@@ -109,9 +109,14 @@ def _against_alone(
     return report
 
 
+def check_label(report: dict[str, Any]) -> str:
+    """What a report's check ran against alone, in words: ``merged N to a forward`` or ``packed (shared_context)``."""
+    return f"merged {report['group']} to a forward" if report["check"] == "merged" else "packed (shared_context)"
+
+
 def print_merged(report: dict[str, Any]) -> None:
     summary = report["summary"]
-    what = f"merged {report['group']} to a forward" if report["check"] == "merged" else "packed (shared_context)"
+    what = check_label(report)
     progress.note(
         f"{what} against alone, {report['cases']} cases: decisions {summary['decisions']}, "
         f"span sets {summary['span_sets']}, max |dp| {summary['max_probability']:.3g}, hidden relative L2 {summary['hidden_rel_l2']:.3g}, "

@@ -44,11 +44,11 @@ norms, projections and MLP run on the packed tokens. Each Gated DeltaNet layer g
 into right-padded rows of their own and runs the continue mixer on them, each from its prefix's
 conv and recurrent state: ONNX Runtime's ``LinearAttention`` has no variable-length form, and a
 block must start from the prefix's state, not from the block before it. Attention reads the
-prefix's keys once per row, not once per block: the packed queries attend to the prefix and, in
-block rows, to their own block causally, and the two softmax parts are merged by their
-log-sum-exp (``packed_attention``), as the reference's ``shared_context`` merges them
-(vela2.md §8). The result is ``exact``'s up to float32 rounding: the same keys and weights, summed
-in another order.
+prefix's keys once per row, not once per block: the packed queries score the prefix on the packed
+row and their own block causally in block rows, one softmax runs over both, and each part's weighted
+sum is taken in its own layout and added (``packed_attention``; the reference's ``shared_context``
+merges the two parts by log-sum-exp instead, vela2.md §8). The result is ``exact``'s up to float32
+rounding: the same keys and weights, summed in another order.
 """
 
 from __future__ import annotations
