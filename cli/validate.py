@@ -23,11 +23,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "unchanged and faster), and record the verdict in its manifest; only a granted copy serves max_speed")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=None, metavar="N", help="with --exact: timed passes over the cases (default 3)")
     parser.add_argument("--merged", type=int, default=None, metavar="N", help="instead of validating: run every case alone, then "
-                        "N cases to a forward (as batching merges requests), and judge merged against alone at the device's "
-                        "fixed gate (cpu-fp32 or gpu); the verdict goes to the engine's manifest (Vela 2.0)")  # fmt: skip
+                        "N cases to a forward (as batching merges requests), and judge merged against alone (cpu-fp32 or gpu for a float32 "
+                        "engine; gpu-reduced-alone for a reduced one, with its BF16 and float32 reference records); the verdict goes "
+                        "to the engine's manifest (Vela 2.0)")  # fmt: skip
     parser.add_argument("--shared-context", action="store_true", help="instead of validating: run every case alone, then "
                         "alone through the packed graph (the shared_context profile), and judge packed against alone at the "
-                        "device's fixed gate; the verdict goes to the engine's manifest, and serving shared_context needs it passed")  # fmt: skip
+                        "gate --merged uses; the verdict goes to the engine's manifest, and serving shared_context needs it passed")  # fmt: skip
     add_registry(parser)
     add_json(parser)
     add_quiet(parser)
@@ -91,12 +92,13 @@ def _against_alone(args: argparse.Namespace) -> int:
     if args.merged is not None and args.shared_context:
         raise UsageError("--merged and --shared-context are two checks: run one at a time")
     flag = "--merged" if args.merged is not None else "--shared-context"
-    if args.exact or args.rounds is not None or args.package or args.reference or args.reference_device:
-        raise UsageError(f"{flag} judges the engine against itself: it takes --cases and --report only")
+    if args.exact or args.rounds is not None or args.reference_device:
+        raise UsageError(f"{flag} judges the engine against itself: it takes --cases, --report, and --package and --reference "
+                         "for a reduced engine's reference records")  # fmt: skip
     if args.shared_context:
-        report = run_shared_context(args.engine, args.cases, args.report)
+        report = run_shared_context(args.engine, args.cases, args.report, args.package, args.reference)
     else:
-        report = run_merged(args.engine, args.merged, args.cases, args.report)
+        report = run_merged(args.engine, args.merged, args.cases, args.report, args.package, args.reference)
     emit(args, {"engine": args.engine, report["check"]: report}, None)  # the verdict was printed
     if not report["passed"]:
         raise GateMissed(f"{args.engine}: its answers {check_label(report)} missed the {report['gate']['name']} gate of its answers alone")

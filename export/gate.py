@@ -14,6 +14,11 @@ off its bound (per case: max abs and relative L2 at the readouts). Beyond that:
   hidden states' relative L2 per case <= factor x the BF16 reference's in that case + slack, and the
   clear-margin decisions kept and the identical span sets each at least the BF16 reference's count
   minus max(1, 2% of those compared). Without a BF16 reference it cannot pass.
+- ``gpu-reduced-alone`` judges a reduced-precision engine's merged or packed forwards against its own
+  forwards alone (``s1omni.export.merged_check``): the same BF16-relative bounds, the BF16 reference
+  measured against the float32 reference as validation measured it (``bf16_against``), and every
+  decision identical (``"decisions": "identical"``, margin 0), the reference's bar for its approximate
+  profiles (``../shared/reference/vela2.md`` §9.2: no choice, score, noul or set decision changes).
 
 Ties (``compare_answers``) count as identical everywhere, the BF16 reference's too.
 """
@@ -33,6 +38,7 @@ from .compare_answers import CaseStats
 
 Compare = Callable[[dict[str, Any], dict[str, Any], float], CaseStats]
 REDUCED = "gpu-reduced"
+REDUCED_GATES = (REDUCED, "gpu-reduced-alone")  # the gates whose bounds follow the BF16 reference
 
 
 def load_gates(family: str) -> dict[str, Any]:
@@ -112,17 +118,19 @@ def _figure(engine: float, bound: float | None, bf16: float | None = None) -> di
 
 
 def judge(gate_name: str, gate: dict[str, Any], compare: Compare, reference: list[CaseRecord], engine: list[CaseRecord],
-          bf16: list[CaseRecord] | None = None) -> dict[str, Any]:  # fmt: skip
+          bf16: list[CaseRecord] | None = None, bf16_against: list[CaseRecord] | None = None) -> dict[str, Any]:  # fmt: skip
     """The report of ``engine`` at the gate: ``passed``, ``failures`` (each naming its case), ``summary``
     (the engine's figures), ``figures`` (the gated run figures: engine, BF16 reference where there is
-    one, bound) and ``table`` (one row per case)."""
+    one, bound) and ``table`` (one row per case). The BF16 reference is measured against ``bf16_against``
+    (the float32 reference's records of the same cases) where given, else against ``reference``."""
     margin = gate["decision_margin"]
     ours = _Side.of(reference, engine, compare, margin)
-    theirs = _Side.of(reference, bf16, compare, margin) if bf16 is not None else None
-    reduced = gate_name == REDUCED
+    theirs = _Side.of(bf16_against or reference, bf16, compare, margin) if bf16 is not None else None
+    reduced = gate_name in REDUCED_GATES
+    identical = not reduced or gate.get("decisions") == "identical"  # every decision at least the margin clear, not a count
     failures: list[str] = []
     if reduced and theirs is None:
-        failures.append("gpu-reduced holds the engine to the BF16 reference, which is recorded on a GPU only: validate on a GPU")
+        failures.append(f"{gate_name} holds the engine to the BF16 reference, which is recorded on a GPU only: validate on a GPU")
     for case, problems in zip(bf16 or [], theirs.failures if theirs is not None else [], strict=True):
         # A bound taken from a broken record would hold nothing (an infinite relative L2 allows any).
         failures.extend(f"the BF16 reference's case {case.name}: {problem}; make it again" for problem in problems)
@@ -153,7 +161,7 @@ def judge(gate_name: str, gate: dict[str, Any], compare: Compare, reference: lis
         for name, limit in bounds.items():
             if not getattr(stats, name) <= limit:
                 problems.append(f"{name.replace('_', ' ')} {getattr(stats, name):.3e} > {limit:.3e}")
-        if not reduced and stats.same_margin_decisions < stats.margin_decisions:
+        if identical and stats.same_margin_decisions < stats.margin_decisions:
             problems.append(f"{stats.margin_decisions - stats.same_margin_decisions} decisions at least {margin} clear differ")
         row = {
             "case": case.name, "tokens": case.tokens, "same_layout": case.layout == reference[index].layout,
@@ -184,12 +192,13 @@ def judge(gate_name: str, gate: dict[str, Any], compare: Compare, reference: lis
     for name, same, total in (("margin_decisions", "same_margin_decisions", "margin_decisions"), ("span_sets", "same_span_sets", "span_sets")):
         kept, compared = _count(ours.stats, same, total)
         counts[name] = f"{kept}/{compared}"
-        if reduced:
-            bf16_kept = _count(theirs.stats, same, total)[0] if theirs is not None else compared
-            least = bf16_kept - max(gate["count_slack"]["least"], gate["count_slack"]["share"] * compared)
+        bf16_kept = _count(theirs.stats, same, total)[0] if theirs is not None else None
+        if name == "margin_decisions" and identical:
+            least = compared
+        elif reduced:
+            least = (compared if bf16_kept is None else bf16_kept) - max(gate["count_slack"]["least"], gate["count_slack"]["share"] * compared)
         else:
-            bf16_kept = _count(theirs.stats, same, total)[0] if theirs is not None else None
-            least = compared if name == "margin_decisions" else gate["span_sets"] * compared
+            least = gate["span_sets"] * compared
         figures[name] = _figure(kept, least, bf16_kept) | {"compared": compared}
         if kept < least:
             cases = [row["case"] for row, stats in zip(rows, ours.stats, strict=True) if getattr(stats, same) < getattr(stats, total)]

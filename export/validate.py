@@ -44,7 +44,7 @@ def recorded_cases(record: dict[str, Any], results: RunResults) -> list[CaseReco
     ]
 
 
-def _reference(engine_dir: Path, manifest: dict[str, Any], cases: list[dict[str, Any]], package: str | None,
+def saved_reference(engine_dir: Path, manifest: dict[str, Any], cases: list[dict[str, Any]], package: str | None,
                roots: list[Path], device: str, precision: str) -> tuple[dict[str, Any], list[CaseRecord]]:  # fmt: skip
     """The saved record of this member and these cases on ``device`` at ``precision``, made from
     ``package`` into the first root when none matches."""
@@ -88,9 +88,9 @@ def validate(
     gate = current_gate(manifest)
     device = manifest.get("device", "cpu")
     roots = reference_roots(family, member, reference)
-    record, expected = _reference(engine_dir, manifest, cases, package, roots, reference_device or device, "fp32")
+    record, expected = saved_reference(engine_dir, manifest, cases, package, roots, reference_device or device, "fp32")
     # The BF16 reference: the reference's own GPU mode, beside the float32 one wherever the engine runs on a GPU.
-    bf16 = _reference(engine_dir, manifest, cases, package, roots, "cuda", "bf16") if device == "cuda" else None
+    bf16 = saved_reference(engine_dir, manifest, cases, package, roots, "cuda", "bf16") if device == "cuda" else None
     progress.note(f"{member}: {manifest['backend']}/{manifest['target']} ({manifest['precision']}) against "
                   f"{record['runner']['name']}/{record['runner']['device']}, gate {gate['name']}, {len(cases)} cases")  # fmt: skip
     io = export_family(family).cases

@@ -20,9 +20,10 @@
 #             e.g. fp32/graphs; a bf16 before/after run: PRECISIONS=bf16/graphs,bf16/graphs/gdn16,bf16/graphs/gdn16/merged)
 #   validate  each engine at the GPU gate against the float32 torch reference on the same GPU
 #   merged    each engine's merged forwards against its forwards alone (s1omni validate --merged $MERGED, 8 by
-#             default), at the GPU gate: what the batching profile does
+#             default), at gpu (float32 engines) or gpu-reduced-alone (the others, with validate's reference records):
+#             what the batching profile does
 #   shared    each engine's packed forwards against its forwards alone (s1omni validate --shared-context), at the
-#             GPU gate: what the shared_context profile does, and what serving it needs (bench workloads
+#             same gate: what the shared_context profile does, and what serving it needs (bench workloads
 #             NAME:shared_context, HTTP_PROFILE=shared_context)
 #   gpu-tests the suite's GPU tests (pytest -m gpu, on the tiny member; gpu-tests.log; $GPU_TESTS: which test files,
 #             default all), asked for by name
@@ -132,7 +133,8 @@ if wants merged; then
   for variant in "${variants[@]}"; do
     stamp "merged $(name "$variant")"
     report=$out/merged-$size-$(name "$variant")
-    s1omni validate "$(engine "$variant")" --merged "${MERGED:-8}" --report "$report.json" > "$report.txt" 2> "$report.log" || failed=1
+    s1omni validate "$(engine "$variant")" --merged "${MERGED:-8}" --package "$pkg" --reference "$work/reference-$size" \
+      --report "$report.json" > "$report.txt" 2> "$report.log" || failed=1
     tail -n 4 "$report.txt"
   done
 fi
@@ -140,7 +142,8 @@ if wants shared; then
   for variant in "${variants[@]}"; do
     stamp "shared $(name "$variant")"
     report=$out/shared-$size-$(name "$variant")
-    s1omni validate "$(engine "$variant")" --shared-context --report "$report.json" > "$report.txt" 2> "$report.log" || failed=1
+    s1omni validate "$(engine "$variant")" --shared-context --package "$pkg" --reference "$work/reference-$size" \
+      --report "$report.json" > "$report.txt" 2> "$report.log" || failed=1
     tail -n 2 "$report.log"
   done
 fi

@@ -104,8 +104,8 @@ def shared_context_entry(check: dict[str, Any]) -> dict[str, Any]:
         "check": {"gate": check["gate"]["name"], "decisions": summary["decisions"], "span_sets": summary["span_sets"],
                   "max_probability": summary["max_probability"]},  # fmt: skip
         "description": (
-            "each tree's blocks packed into one row behind its prefix, each request alone: exact's answers up to float32 "
-            f"rounding, held to the {check['gate']['name']} gate of exact (decisions {summary['decisions']}, max |dp| "
+            "each tree's blocks packed into one row behind its prefix, each request alone: exact's answers up to the "
+            f"engine's rounding, held to the {check['gate']['name']} gate of exact (decisions {summary['decisions']}, max |dp| "
             f"{summary['max_probability']:.2g} on the calibration cases)"
         ),
     }

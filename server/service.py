@@ -109,10 +109,7 @@ class Service:
             if copy is not None:
                 card["profiles"] = [*card["profiles"], max_speed_entry(self.family.limits, copy.card())]
                 log.info("max_speed on the reduced copy %s (consent: %s)", copy.path, copy.card()["consent"])
-            if len(instances) > 1:  # each further copy warmed (its CUDA graphs captured) before it takes a request
-                golden = model.plan(model.golden_request())
-                for other, _ in instances[1:]:
-                    other.forward([golden])
+            self._warm_forwards([instance for instance, _ in instances])
             self.scheduler = Scheduler([self._forwards(*instance) for instance in instances], self.family.limits, self.metrics)
             self.scheduler.start()
             self.family.bind(model, card, self.scheduler)
@@ -132,6 +129,22 @@ class Service:
             ran_into = isinstance(exc, GateMissed) and cause is not None and not isinstance(cause, (S1omniError, RequestError))
             bug = not isinstance(exc, S1omniError) or ran_into
             log.error("%s cannot be served: %s", self.source.label, exc, exc_info=bug)
+
+    def _warm_forwards(self, models: list[DecisionModel]) -> None:
+        """The golden request's forwards, before any request: on each further copy of the model (the golden
+        request then warms the first one's, answered as a client's), and the packed forward of each where
+        ``shared_context`` is enabled, so that sessions start and CUDA graphs of its shapes are captured."""
+        shared = SHARED_CONTEXT.name in self.config.profiles
+        if len(models) == 1 and not shared:
+            return
+        golden = models[0].plan(models[0].golden_request())
+        for index, model in enumerate(models):
+            if index:
+                model.forward([golden])
+            if shared:
+                model.forward_packed([golden])
+        log.info("warmed the golden request's forwards on %d instance%s%s", len(models), "" if len(models) == 1 else "s",
+                 ", packed (shared_context) too" if shared else "")  # fmt: skip
 
     def _instance(self) -> tuple[DecisionModel, ReducedCopy | None]:
         """One copy of the model (and of its reduced copy, where ``max_speed`` is enabled) on the device."""

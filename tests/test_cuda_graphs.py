@@ -76,6 +76,32 @@ def test_graph_runs_give_the_plain_runs_hidden_states_and_reuse_their_buffers(gr
     assert buffers.shape() == [3, bucket(40)]  # the widest prefix, rounded up
 
 
+def _packed_trees(seed: int) -> list[Tree]:
+    """17 trees of a 9- and an 8-token block, prefixes 3 to 28 tokens: one length group whose packed call pads
+    its rows (17 -> 18), packed width (17 -> 18) and block rows (34 -> 36) to buckets; the first tree's third
+    block, of 30 tokens, is a length group of its own (the continue graph's)."""
+    rng = np.random.default_rng(seed)
+
+    def block(length: int) -> Block:
+        return Block(rng.integers(1, 2048, length), np.sort(rng.choice(length, 2, replace=False)))
+
+    trees = [Tree(Prefix(rng.integers(1, 2048, 3 + 5 * i % 26)), (block(9), block(8))) for i in range(17)]
+    trees[0] = Tree(trees[0].prefix, (*trees[0].blocks, block(30)))
+    return trees
+
+
+def test_packed_graph_runs_give_the_plain_packed_runs_hidden_states_in_bucketed_shapes(graphed_engine: Path) -> None:
+    plain = OnnxRuntimeRunner(graphed_engine, device="cpu")
+    graphed = OnnxRuntimeRunner(graphed_engine, device="cpu", cuda_graphs=True)
+    for runner in (plain, graphed):
+        runner.open_packed()
+    _assert_same(graphed.run_packed(_packed_trees(0)), plain.run_packed(_packed_trees(0)))
+    shapes = [dict(key) for key in graphed._packed_graphs.graphs]
+    assert [(shape["input_ids"], shape["block_index"], shape["block_owner"]) for shape in shapes] == [((18, 18), (36, 9), (36,))]
+    _assert_same(graphed.run_packed(_packed_trees(1)), plain.run_packed(_packed_trees(1)))  # new tokens, same shapes: the same graph
+    assert len(graphed._packed_graphs.graphs) == 1
+
+
 def test_a_single_tree_runs_prefill_then_continue_in_fixed_shapes(graphed_engine: Path) -> None:
     plain = OnnxRuntimeRunner(graphed_engine, device="cpu")
     graphed = OnnxRuntimeRunner(graphed_engine, device="cpu", cuda_graphs=True)

@@ -7,9 +7,11 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from s1omni.calib import CALIB
+from s1omni.export.gate import CaseRecord
 from s1omni.export.merged_check import _records, judge_merged
 from s1omni.export.reference import load_cases
 from s1omni.runtime.engine import load_engine_model, read_manifest
@@ -52,18 +54,39 @@ def test_merged_answers_that_are_not_the_cases_own_fail(cpu_engine: Path, four_c
     plans = [model.plan(case["request"]) for case in cases]
     alone = _records(model, cases, plans, [model.forward([plan])[0] for plan in plans])
     merged = _records(model, cases, plans, model.forward(plans))
-    assert judge_merged("vela2", "cpu", alone, merged)["passed"]
+    assert judge_merged("vela2", "cpu-fp32", alone, merged)["passed"]
     swapped = [replace(merged[0], answers=merged[1].answers, tensors=merged[1].tensors),
                replace(merged[1], answers=merged[0].answers, tensors=merged[0].tensors)]  # fmt: skip
-    verdict = judge_merged("vela2", "cpu", alone, swapped)
-    assert not verdict["passed"] and any(failure.startswith(f"case {cases[0]['name']}") for failure in verdict["failures"])
+    for gate, bf16 in (("cpu-fp32", None), ("gpu-reduced-alone", [_moved(case, 0.01) for case in alone])):
+        assert judge_merged("vela2", gate, alone, merged, bf16, bf16 and alone)["passed"]
+        verdict = judge_merged("vela2", gate, alone, swapped, bf16, bf16 and alone)
+        assert not verdict["passed"] and any(failure.startswith(f"case {cases[0]['name']}") for failure in verdict["failures"])
+
+
+def _moved(case: CaseRecord, relative: float) -> CaseRecord:
+    """``case`` with its hidden states ``relative`` off in relative L2 (a stand-in BF16 reference's)."""
+    hidden = case.tensors["hidden"]
+    noise = np.random.default_rng(0).standard_normal(hidden.shape)
+    return replace(case, tensors={"hidden": (hidden + noise * relative * np.linalg.norm(hidden) / np.linalg.norm(noise)).astype(np.float32)})
+
+
+def test_a_reduced_engine_is_checked_against_its_saved_bf16_and_float32_references(cpu_engine: Path, four_cases: Path, tmp_path: Path) -> None:
+    """An engine validated at gpu-reduced is held to gpu-reduced-alone, whose bounds are its BF16 reference's
+    figures: without those records (made on a GPU by its validation) the check is refused before it runs."""
+    engine = tmp_path / "engine"
+    shutil.copytree(cpu_engine, engine)
+    manifest = json.loads((engine / "manifest.json").read_text(encoding="utf-8"))
+    (engine / "manifest.json").write_text(json.dumps({**manifest, "precision": "bf16"}), encoding="utf-8")
+    result = run_s1omni("validate", str(engine), "--shared-context", "--cases", str(four_cases), "--reference", str(tmp_path / "none"))
+    assert result.returncode == 2 and "no cuda-fp32 reference record of these cases" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
         (("--merged", "1"), "at least 2"),
-        (("--merged", "2", "--exact", "X"), "takes --cases and --report only"),
+        (("--merged", "2", "--exact", "X"), "takes --cases, --report, and --package and --reference"),
+        (("--shared-context", "--reference-device", "cpu"), "takes --cases, --report, and --package and --reference"),
         (("--rounds", "2"), "--rounds is for the consent gate"),
     ],
 )

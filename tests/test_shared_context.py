@@ -92,13 +92,13 @@ def test_packed_blocks_that_read_another_prefix_or_block_are_caught(runner: Onnx
     trees = [_tree(rng, 40, 20, 25, 30), _tree(rng, 70, 22, 24)]
     exact = runner.run(trees)
 
-    def wrong_owner(rows, starts):
-        packed = pack_blocks(rows, starts)
+    def wrong_owner(rows, starts, round_up=None):
+        packed = pack_blocks(rows, starts, round_up)
         packed.feeds["block_owner"][:] = 1 - packed.feeds["block_owner"]
         return packed
 
-    def neighbours_keys(rows, starts):
-        packed = pack_blocks(rows, starts)
+    def neighbours_keys(rows, starts, round_up=None):
+        packed = pack_blocks(rows, starts, round_up)
         packed.feeds["block_index"][[0, 1]] = packed.feeds["block_index"][[1, 0]]
         return packed
 
@@ -139,7 +139,7 @@ def test_validate_shared_context_records_the_verdict_serving_needs(cpu_engine: P
     ("extra", "message"),
     [
         (("--shared-context", "--merged", "2"), "two checks: run one at a time"),
-        (("--shared-context", "--package", "X"), "--shared-context judges the engine against itself"),
+        (("--shared-context", "--exact", "X"), "--shared-context judges the engine against itself"),
     ],
 )
 def test_shared_context_misused_is_a_usage_error(cpu_engine: Path, extra: tuple[str, ...], message: str) -> None:

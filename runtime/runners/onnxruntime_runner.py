@@ -26,7 +26,9 @@ buffers until the next prefill of the same shape, which ``continue_blocks`` chec
 loads it) runs each batch's prefill as ``run`` does, then each length group of its blocks in one call of
 the packed graph, each tree's blocks one after another in one row (``s1omni.runtime.runners.packing``),
 reading the prefix state where the prefill left it: at most one copy of it per call, never one per
-block. The packed graph runs outside CUDA graphs, its shapes being the requests' own.
+block. With ``cuda_graphs`` the packed calls are CUDA graphs too: their sizes (rows, packed and block
+widths, block and readout counts) round up to buckets (``pack_blocks``), padded prefix rows repeat the
+first row's state, and the rows' state is gathered straight into the graph's buffers, as for continue.
 
 Float32 inputs, outputs and state throughout. On CUDA the engine's manifest says how its matmuls
 run: float32 (``fp32``), on TF32 tensor cores (``tf32``), or with the weight GEMMs in bfloat16
@@ -190,8 +192,9 @@ class OnnxRuntimeRunner:
         if expected - {value.name for value in self._continue.get_inputs()}:
             raise ValueError(f"{engine_dir}: continue.onnx does not take the state prefill.onnx returns")
         self._rows = onnxruntime.InferenceSession(row_gather_graph(self._names), providers=chosen)  # never captured
-        self._engine_dir, self._chosen, self._options = engine_dir, chosen, options
+        self._engine_dir, self._backbone, self._options = engine_dir, backbone, options
         self._packed: onnxruntime.InferenceSession | None = None
+        self._packed_graphs: GraphedSession | None = None
 
     @property
     def can_pack(self) -> bool:
@@ -204,7 +207,9 @@ class OnnxRuntimeRunner:
         if self._packed is None:
             if not self.can_pack:
                 raise ValueError(f"{self._engine_dir} has no packed.onnx: export and build the engine again for shared_context")
-            self._packed = onnxruntime.InferenceSession(str(self._engine_dir / "packed.onnx"), self._options, providers=self._chosen)
+            self._packed = onnxruntime.InferenceSession(str(self._engine_dir / "packed.onnx"), self._options, providers=self._backbone)
+            if self._graphs:
+                self._packed_graphs = GraphedSession(self._packed, self.device, self._device_id)
 
     @device_run
     def prefill(self, prefix: Prefix) -> PrefixState:
@@ -266,16 +271,29 @@ class OnnxRuntimeRunner:
         """One packed call over ``blocks`` (per prefix row of ``state`` in ``rows``, its blocks); their hidden
         states in order. A call of some of the state's rows reads a copy of those rows (one per prefix)."""
         self._check_current(state)
-        packed = pack_blocks(blocks, state.starts[rows])
-        every = len(rows) == len(state.starts)  # rows are sorted and unique: every row, in order
+        if self._packed_graphs is not None:  # padded rows: the first row's prefix again, without blocks
+            extra = bucket(len(rows)) - len(rows)
+            rows, blocks = np.concatenate([rows, np.full(extra, rows[0], np.int64)]), [*blocks, *[[]] * extra]
+        packed = pack_blocks(blocks, state.starts[rows], bucket if self._packed_graphs is not None else None)
+        feeds = {**packed.feeds, "past_mask": state.mask[rows]}
+        graph = None
+        if self._packed_graphs is not None:
+            past = {f"past_{name}": [len(rows), *value.shape()[1:]] for name, value in zip(self._names, state.values, strict=True)}
+            tokens = max(feeds["input_ids"].size, feeds["block_index"].size)
+            graph = self._packed_graphs.graph({**{name: value.shape for name, value in feeds.items()}, **past}, tokens)
+        if graph is not None:
+            self._owner_rows(state, rows, into=[graph.inputs[name] for name in past])
+            graph.run(feeds)
+            return packed.split(graph.outputs["hidden"].numpy())
+        every = len(rows) == len(state.starts) and bool((rows == np.arange(len(rows))).all())
         values = state.values if every else self._owner_rows(state, rows)
         binding = self._packed.io_binding()
-        for name, value in {**packed.feeds, "past_mask": state.mask[rows]}.items():
+        for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         for name, value in zip(self._names, values, strict=True):
             binding.bind_ortvalue_input(f"past_{name}", value)
         binding.bind_output("hidden", "cpu")
-        self._packed.run_with_iobinding(binding)
+        self._packed.run_with_iobinding(binding, self._uncaptured)
         return packed.split(binding.copy_outputs_to_cpu()[0])
 
     def _prefill_batch(self, prefixes: Sequence[Prefix]) -> PrefixState:

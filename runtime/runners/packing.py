@@ -7,11 +7,15 @@ own attention on block rows (``N`` blocks, ``L`` wide), so it takes both layouts
 ``block_index`` (where each block-row token lies in the packed rows), ``packed_index`` (the reverse)
 and ``block_owner`` (each block's prefix row). Rows and block rows are right-padded: a padded token
 follows every real one of its row, so nothing real attends to it or reads its state.
+
+Under CUDA graphs (``round_up``) every one of those sizes is rounded up to a bucket: packed rows and
+block rows wider, more readouts (index 0), more block rows (each reading packed position 0 of row 0, owned
+by row 0, and read by nothing) and, where the caller pads them, prefix rows without blocks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,21 +39,22 @@ class PackedBlocks:
         return [hidden[row, first : first + count] for row, first, count in self.reads]
 
 
-def pack_blocks(rows: Sequence[Sequence[Block]], starts: np.ndarray) -> PackedBlocks:
+def pack_blocks(rows: Sequence[Sequence[Block]], starts: np.ndarray, round_up: Callable[[int], int] | None = None) -> PackedBlocks:
     """The blocks of each prefix row in ``rows`` packed, in order; a row's blocks take positions from its
-    ``starts`` on, each block from the same start (every block continues from its prefix alone)."""
+    ``starts`` on, each block from the same start (every block continues from its prefix alone). A row may
+    hold no blocks (a padded one). ``round_up``: the bucket every size is rounded up to (CUDA graphs)."""
     blocks = [block for row in rows for block in row]
     if not blocks or any(len(block.ids) == 0 for block in blocks):
         raise ValueError("a packed forward takes one or more blocks, each of one or more tokens")
-    width = max(sum(len(block.ids) for block in row) for row in rows)
-    block_width = max(MIN_BLOCK_WIDTH, *(len(block.ids) for block in blocks))
-    reads = max(1, *(sum(len(block.readouts) for block in row) for row in rows))
+    sizes = (max(sum(len(block.ids) for block in row) for row in rows), max(MIN_BLOCK_WIDTH, *(len(block.ids) for block in blocks)),
+             max(1, *(sum(len(block.readouts) for block in row) for row in rows)), len(blocks))  # fmt: skip
+    width, block_width, reads, count = map(round_up, sizes) if round_up is not None else sizes
     ids = np.zeros((len(rows), width), np.int64)
     positions = np.zeros((3, len(rows), width), np.int64)
     packed_index = np.zeros((len(rows), width), np.int64)
     readout_index = np.zeros((len(rows), reads), np.int64)
-    block_index = np.zeros((len(blocks), block_width), np.int64)
-    owner = np.zeros(len(blocks), np.int64)
+    block_index = np.zeros((count, block_width), np.int64)
+    owner = np.zeros(count, np.int64)
     placed: list[tuple[int, int, int]] = []
     for row, row_blocks in enumerate(rows):
         at = first = 0

@@ -58,6 +58,8 @@ def test_the_card_lists_shared_context_with_its_check(server: Server) -> None:
     assert exact["name"] == "exact" and (shared["name"], shared["numerics"]) == ("shared_context", "approximate")
     assert shared["check"]["gate"] == "cpu-fp32" and shared["check"]["max_probability"] <= 1e-5
     assert "packed into one row behind its prefix" in shared["description"]
+    log = server.log()  # the packed forward started (its CUDA graphs captured, on a GPU) before the first request
+    assert log.index("packed (shared_context) too") < log.index("ready: ")
 
 
 def test_a_shared_context_request_answers_as_exact_within_the_gate(server: Server) -> None:

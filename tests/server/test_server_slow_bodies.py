@@ -19,6 +19,9 @@ from serving import S1OMNI, Exchange, Server, connect, metric, read_response
 from s1omni.runtime.omnijev.model import warmup_png
 
 TIMEOUT_S = 1.0
+# uvicorn's uvloop runs the timeout on libuv timers, which count whole milliseconds and may fire up to one
+# early: CI once saw the 1 s refusal after 0.9998 s.
+TIMER_SLACK_S = 0.002
 DECLARED = 4096  # bytes the trickling clients promise; at 20 a second they never get there
 VELA = {"state": "Please refund the duplicate charge.", "questions": {"refund": {"type": "noul", "instructions": "A refund?"}}}
 PNG_URL = "data:image/png;base64," + base64.b64encode(warmup_png()).decode("ascii")
@@ -75,7 +78,7 @@ def test_a_trickling_body_times_out_400_and_holds_no_queue_slot(vela: Server) ->
         assert response.status == 400 and response.headers["connection"] == "close"
         body = response.json()
         assert body == {"error": {"code": "invalid_request", "message": f"the request body did not arrive within {TIMEOUT_S:g} s"}}
-        assert TIMEOUT_S <= seconds < TIMEOUT_S + 1
+        assert TIMEOUT_S - TIMER_SLACK_S <= seconds < TIMEOUT_S + 1
     text = vela.metrics()
     assert metric(text, "s1omni_requests_in_flight") == 0 and metric(text, "s1omni_pending_jobs") == 0
     assert vela.post(VELA).status_code == 200
@@ -86,7 +89,7 @@ def test_past_16_trickling_bodies_a_request_is_still_admitted(omnijev: Server) -
     assert meanwhile.status_code == 200, meanwhile.text
     for response, seconds in refused:
         assert response.status == 400 and response.json() == {"detail": f"the request body did not arrive within {TIMEOUT_S:g} s"}
-        assert TIMEOUT_S <= seconds < TIMEOUT_S + 1
+        assert TIMEOUT_S - TIMER_SLACK_S <= seconds < TIMEOUT_S + 1
     text = omnijev.metrics()
     assert metric(text, "s1omni_admitted_requests") == 0 and metric(text, "s1omni_requests_in_flight") == 0
     assert omnijev.post(OMNIJEV).status_code == 200
