@@ -271,19 +271,15 @@ class OnnxRuntimeRunner:
         """One packed call over ``blocks`` (per prefix row of ``state`` in ``rows``, its blocks); their hidden
         states in order. A call of some of the state's rows reads a copy of those rows (one per prefix)."""
         self._check_current(state)
-        if self._packed_graphs is not None:  # padded rows: the first row's prefix again, without blocks
+        graphs = self._packed_graphs
+        if graphs is not None:  # padded rows: the first row's prefix again, without blocks
             extra = bucket(len(rows)) - len(rows)
             rows, blocks = np.concatenate([rows, np.full(extra, rows[0], np.int64)]), [*blocks, *[[]] * extra]
-        packed = pack_blocks(blocks, state.starts[rows], bucket if self._packed_graphs is not None else None)
+        packed = pack_blocks(blocks, state.starts[rows], bucket if graphs is not None else None)
         feeds = {**packed.feeds, "past_mask": state.mask[rows]}
-        graph = None
-        if self._packed_graphs is not None:
-            past = {f"past_{name}": [len(rows), *value.shape()[1:]] for name, value in zip(self._names, state.values, strict=True)}
-            tokens = max(feeds["input_ids"].size, feeds["block_index"].size)
-            graph = self._packed_graphs.graph({**{name: value.shape for name, value in feeds.items()}, **past}, tokens)
+        tokens = max(feeds["input_ids"].size, feeds["block_index"].size)
+        graph = self._replay(graphs, state, rows, feeds, tokens) if graphs is not None else None
         if graph is not None:
-            self._owner_rows(state, rows, into=[graph.inputs[name] for name in past])
-            graph.run(feeds)
             return packed.split(graph.outputs["hidden"].numpy())
         every = len(rows) == len(state.starts) and bool((rows == np.arange(len(rows))).all())
         values = state.values if every else self._owner_rows(state, rows)
@@ -346,13 +342,8 @@ class OnnxRuntimeRunner:
         width = ids.shape[1]
         positions = (state.starts[owners][:, None] + np.arange(width, dtype=np.int64)[None, :])[None].repeat(3, axis=0)
         feeds = {"input_ids": ids, "position_ids": positions, "past_mask": state.mask[owners], "readout_index": readouts}
-        graph = None
-        if self._graphs:
-            past = {f"past_{name}": [len(owners), *value.shape()[1:]] for name, value in zip(self._names, state.values, strict=True)}
-            graph = self._graphs[1].graph({**{name: value.shape for name, value in feeds.items()}, **past}, ids.size)
+        graph = self._replay(self._graphs[1], state, owners, feeds, ids.size) if self._graphs else None
         if graph is not None:
-            self._owner_rows(state, owners, into=[graph.inputs[name] for name in past])
-            graph.run(feeds)
             hidden = graph.outputs["hidden"].numpy()
         else:
             binding = self._continue.io_binding()
@@ -364,6 +355,17 @@ class OnnxRuntimeRunner:
             self._continue.run_with_iobinding(binding, self._uncaptured)
             hidden = binding.copy_outputs_to_cpu()[0]
         return [hidden[row, : len(block.readouts)] for row, block in enumerate(blocks)]
+
+    def _replay(self, graphs: GraphedSession, state: PrefixState, owners: np.ndarray, feeds: Mapping[str, np.ndarray],
+                tokens: int) -> Graph | None:  # fmt: skip
+        """The captured graph of a call continuing from ``state`` (its ``owners`` rows, gathered into the graph's
+        buffers), run on ``feeds``; None where ``graphs`` does not capture a call of these shapes."""
+        past = {f"past_{name}": [len(owners), *value.shape()[1:]] for name, value in zip(self._names, state.values, strict=True)}
+        graph = graphs.graph({**{name: value.shape for name, value in feeds.items()}, **past}, tokens)
+        if graph is not None:
+            self._owner_rows(state, owners, into=[graph.inputs[name] for name in past])
+            graph.run(feeds)
+        return graph
 
     def _owner_rows(
         self, state: PrefixState, owners: np.ndarray, into: Sequence[onnxruntime.OrtValue] | None = None
