@@ -59,7 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help=f"profiles to enable besides exact (always on, the default), comma-separated: {', '.join(sorted(set(KNOWN) - {EXACT.name}))}; "
         "shared_context packs each tree's blocks behind its prefix (an --engine whose `s1omni validate --shared-context` passed); "
-        "batching merges concurrent requests into one forward within --batch-window-ms; max_speed does too, on --reduced-copy",
+        "batching merges concurrent requests into one forward within --batch-window-ms (in packed rows on an engine whose "
+        "`s1omni validate ENG --merged N --shared-context` passed); max_speed does too, on --reduced-copy",
     )
     vela.add_argument(
         "--reduced-copy",

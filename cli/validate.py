@@ -28,7 +28,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "to the engine's manifest (Vela 2.0)")  # fmt: skip
     parser.add_argument("--shared-context", action="store_true", help="instead of validating: run every case alone, then "
                         "alone through the packed graph (the shared_context profile), and judge packed against alone at the "
-                        "gate --merged uses; the verdict goes to the engine's manifest, and serving shared_context needs it passed")  # fmt: skip
+                        "gate --merged uses; the verdict goes to the engine's manifest, and serving shared_context needs it passed. "
+                        "With --merged N: N cases to a packed forward (batching on packed rows: a server packs batching's "
+                        "forwards on an engine whose verdict passed)")  # fmt: skip
     add_registry(parser)
     add_json(parser)
     add_quiet(parser)
@@ -89,16 +91,14 @@ def _against_alone(args: argparse.Namespace) -> int:
     from s1omni.export.merged_check import check_label, run_merged, run_shared_context
     from s1omni.runtime.errors import GateMissed, UsageError
 
-    if args.merged is not None and args.shared_context:
-        raise UsageError("--merged and --shared-context are two checks: run one at a time")
     flag = "--merged" if args.merged is not None else "--shared-context"
     if args.exact or args.rounds is not None or args.reference_device:
         raise UsageError(f"{flag} judges the engine against itself: it takes --cases, --report, and --package and --reference "
                          "for a reduced engine's reference records")  # fmt: skip
-    if args.shared_context:
+    if args.merged is None:
         report = run_shared_context(args.engine, args.cases, args.report, args.package, args.reference)
     else:
-        report = run_merged(args.engine, args.merged, args.cases, args.report, args.package, args.reference)
+        report = run_merged(args.engine, args.merged, args.cases, args.report, args.package, args.reference, packed=args.shared_context)
     emit(args, {"engine": args.engine, report["check"]: report}, None)  # the verdict was printed
     if not report["passed"]:
         raise GateMissed(f"{args.engine}: its answers {check_label(report)} missed the {report['gate']['name']} gate of its answers alone")

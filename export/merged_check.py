@@ -19,6 +19,12 @@ decisions and 26/26 span sets packed while its max |dp| was 0.0255 (``benchmarks
 Ties are the gate's (``s1omni.export.compare_answers``). The verdict goes to the engine's manifest
 (``merged``); it does not gate serving, which stands on the engine's validation.
 
+``--merged N --shared-context`` runs ``N`` cases to a packed forward (``model.forward_packed``), what ``batching``
+does where it packs: each tree's blocks in one row behind its prefix, as ``shared_context`` lays them out, the
+rows of ``N`` requests in one forward. Its verdict (``merged_packed`` in the manifest) decides that layout: a
+server packs ``batching``'s forwards only on an engine whose verdict passed, and merges them in exact's layout
+otherwise (``s1omni.server.profiles.packed_batching_check``).
+
 ``--shared-context`` runs every case alone through the packed graph (``model.forward_packed``) against
 ``forward`` at the same gate: the reference's bar for ``shared_context`` (vela2.md §9.2: no choice,
 score, noul or set decision changed; |dp| within 0.02 on a GPU, for its float32 forwards). Its verdict (``shared_context`` in the
@@ -69,19 +75,24 @@ def judge_merged(family: str, gate_name: str, alone: list[CaseRecord], merged: l
 
 
 def run_merged(engine_dir: str | Path, group: int, cases_path: str | Path | None = None, report_path: str | Path | None = None,
-               package: str | None = None, reference: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
-    """Run every case alone and then ``group`` to a forward, judge, print and record the verdict; the verdict.
-    ``package`` and ``reference``: a reduced engine's reference records, as ``s1omni.export.validate`` takes them."""
+               package: str | None = None, reference: str | Path | None = None, packed: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Run every case alone and then ``group`` to a forward (``packed``: to a packed forward), judge, print and
+    record the verdict; the verdict. ``package`` and ``reference``: a reduced engine's reference records, as
+    ``s1omni.export.validate`` takes them."""
     if group < 2:
         raise UsageError("--merged takes the number of cases merged into one forward, at least 2")
 
     def merged(model: Any, plans: list[Any]) -> list[Any]:
+        if packed:
+            model.open_shared_context()
+        forward = model.forward_packed if packed else model.forward
         hidden: list[Any] = []
-        for start in progress.Counted(range(0, len(plans), group), f"forwards of {group} cases", "forward"):
-            hidden += model.forward(plans[start : start + group])
+        for start in progress.Counted(range(0, len(plans), group), f"{'packed ' if packed else ''}forwards of {group} cases", "forward"):
+            hidden += forward(plans[start : start + group])
         return hidden
 
-    return _against_alone(engine_dir, "merged", {"group": group}, merged, cases_path, report_path, package, reference)
+    check = "merged_packed" if packed else "merged"
+    return _against_alone(engine_dir, check, {"group": group}, merged, cases_path, report_path, package, reference)
 
 
 def run_shared_context(engine_dir: str | Path, cases_path: str | Path | None = None, report_path: str | Path | None = None,
@@ -127,8 +138,10 @@ def _against_alone(
 
 
 def check_label(report: dict[str, Any]) -> str:
-    """What a report's check ran against alone, in words: ``merged N to a forward`` or ``packed (shared_context)``."""
-    return f"merged {report['group']} to a forward" if report["check"] == "merged" else "packed (shared_context)"
+    """What a report's check ran against alone, in words: ``merged N to a forward``, ``merged N to a packed
+    forward`` or ``packed (shared_context)``."""
+    labels = {"merged": "merged {group} to a forward", "merged_packed": "merged {group} to a packed forward", "shared_context": "packed (shared_context)"}
+    return labels[report["check"]].format(group=report.get("group"))
 
 
 def print_merged(report: dict[str, Any]) -> None:

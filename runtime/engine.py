@@ -77,8 +77,8 @@ def record_consent(path: Path, consent: dict[str, Any]) -> None:
 
 
 def record_check(path: Path, check: str, verdict: dict[str, Any]) -> None:
-    """Store the verdict on the engine's merged (``check`` merged) or packed (shared_context) forwards against its
-    forwards alone (``s1omni.export.merged_check``)."""
+    """Store the verdict on the engine's merged, merged packed or packed forwards (``check``: merged, merged_packed,
+    shared_context) against its forwards alone (``s1omni.export.merged_check``)."""
     _replace_manifest(path, {**read_manifest(path), check: verdict})
 
 
@@ -204,6 +204,8 @@ def load_engine_model(
     model = face.from_engine(path, manifest, device)
     if "shared_context" in manifest:  # the verdict Vela 2.0's shared_context is served on
         model.packed_check = manifest["shared_context"]
+    if "merged_packed" in manifest:  # the verdict batching packs its forwards on
+        model.merged_packed_check = manifest["merged_packed"]
     if not allow_unvalidated:
         model.validation = served_validation(manifest)  # for its card
     return model

@@ -3,10 +3,13 @@
 #
 #   scripts/h200.sh SIZE OUT [STEPS]
 #
+# SIZE is a Vela 2.0 member (0.8B, 4B, 9B) or omnijev-4B (OmniJev-4B v1.1: its vision tower and language graphs;
+# bench workloads screenshot-1,screenshot-12,screenshot-255 by default; merged and shared are Vela 2.0's checks).
+#
 # On a machine with one CUDA GPU and this package importable (the lent H200: python3 with torch,
 # transformers and onnx, plus onnxruntime-gpu 1.31.1, polygraphy, starlette, uvicorn, prometheus_client
 # and python-json-logger). STEPS is a comma-separated subset of synth,export,build,validate,bench
-# (default: all, in that order; merged, shared and gpu-tests are asked for by name), so a run can be split over several calls of a
+# (default: all, in that order; merged, merged-packed, shared and gpu-tests are asked for by name), so a run can be split over several calls of a
 # machine that keeps /tmp between them:
 #
 #   synth     a synthetic Vela member of SIZE (0.8B, 4B, 9B; random weights, real shapes)
@@ -22,6 +25,8 @@
 #   merged    each engine's merged forwards against its forwards alone (s1omni validate --merged $MERGED, 8 by
 #             default), at gpu (float32 engines) or gpu-reduced-alone (the others, with validate's reference records):
 #             what the batching profile does
+#   merged-packed  each engine's merged packed forwards against alone (--merged $MERGED --shared-context): what
+#             batching does on packed rows, and what a server needs to pack batching's forwards
 #   shared    each engine's packed forwards against its forwards alone (s1omni validate --shared-context), at the
 #             same gate: what the shared_context profile does, and what serving it needs (bench workloads
 #             NAME:shared_context, HTTP_PROFILE=shared_context)
@@ -44,7 +49,7 @@
 # call's own command line, which contains it). With S1OMNI_SCRATCH=/dev/shm/w the exports and engines go
 # to memory: the 9B's 32 GB export does not fit the disk beside its package.
 set -euo pipefail
-size=${1:?size: 0.8B, 4B or 9B}
+size=${1:?size: 0.8B, 4B, 9B or omnijev-4B}
 out=${2:?output directory}
 steps=${3:-synth,export,build,validate,bench}
 kernels=${KERNELS:-GatedDeltaNet}
@@ -59,7 +64,11 @@ s1omni() { python3 -m s1omni "$@"; }
 stamp() { echo "== $(date -u +%H:%M:%S) $*" >&2; }
 wants() { [[ ",$steps," == *",$1,"* ]]; }
 
-pkg=$work/vela2-$size exp=$scratch/export-$size
+case $size in
+  omnijev-*) family=omnijev member=${size#omnijev-} workloads=screenshot-1,screenshot-12,screenshot-255 profile=screenshot-12 ;;
+  *) family=vela2 member=$size workloads=backbone,router,long-span profile=backbone-128 ;;
+esac
+pkg=$work/$family-$member exp=$scratch/export-$size
 variants=()  # kernel:precision
 for kernel in ${kernels//,/ }; do
   for precision in ${precisions//,/ }; do variants+=("$kernel:$precision"); done
@@ -80,7 +89,7 @@ engine() { echo "$scratch/engine-$size-$(name "$1")"; }
 
 if wants synth; then
   stamp "synth $size"
-  [ -d "$pkg" ] || s1omni synth vela2 --size "$size" --out "$pkg"
+  [ -d "$pkg" ] || s1omni synth "$family" --size "$member" --out "$pkg"
 fi
 if wants export; then
   stamp "export $size"
@@ -138,6 +147,15 @@ if wants merged; then
     tail -n 4 "$report.txt"
   done
 fi
+if wants merged-packed; then
+  for variant in "${variants[@]}"; do
+    stamp "merged-packed $(name "$variant")"
+    report=$out/merged-packed-$size-$(name "$variant")
+    s1omni validate "$(engine "$variant")" --merged "${MERGED:-8}" --shared-context --package "$pkg" --reference "$work/reference-$size" \
+      --report "$report.json" > "$report.txt" 2> "$report.log" || failed=1
+    tail -n 2 "$report.log"
+  done
+fi
 if wants shared; then
   for variant in "${variants[@]}"; do
     stamp "shared $(name "$variant")"
@@ -167,8 +185,8 @@ if wants bench; then
   [ -z "${HTTP:-}" ] || extra=(--http --concurrency "$HTTP" --http-profile "${HTTP_PROFILE:-exact}")
   for arg in ${SERVE_ARGS:-}; do extra+=("--serve-arg=$arg"); done
   [ -z "${ALLOW_UNVALIDATED:-}" ] || extra+=(--allow-unvalidated)
-  s1omni bench --package "$pkg" "${engines[@]}" --device cuda --workloads "${WORKLOADS:-backbone,router,long-span}" \
-    --tokens 128,600,2048 --requests "${REQUESTS:-12}" --warmup 2 "${extra[@]}" --profile "${PROFILE:-backbone-128}" \
+  s1omni bench --package "$pkg" "${engines[@]}" --device cuda --workloads "${WORKLOADS:-$workloads}" \
+    --tokens 128,600,2048 --requests "${REQUESTS:-12}" --warmup 2 "${extra[@]}" --profile "${PROFILE:-$profile}" \
     --out "$out" 2> "$out/bench-$size.log" || { tail -n 20 "$out/bench-$size.log"; exit 1; }
   tail -n 30 "$out/bench-$size.log"
 fi

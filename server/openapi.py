@@ -198,7 +198,9 @@ def _vela_responses() -> dict[str, Any]:
                 "items": _object(
                     ["name", "numerics", "description"],
                     {"name": STRING, "numerics": {"enum": ["exact", "approximate"]}, "description": STRING,
-                     "copy": {"type": "object", "description": "max_speed only: the reduced copy it runs on and its consent figures."}},  # fmt: skip
+                     "copy": {"type": "object", "description": "max_speed only: the reduced copy it runs on and its consent figures."},
+                     "check": {"type": "object", "description": "shared_context, and batching where it packs: the gate its forwards "
+                               "passed against each request alone, and the figures."}},  # fmt: skip
                 ),
                 "description": "The profiles requests may choose: exact, then those the server enabled.",
             },

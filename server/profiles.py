@@ -7,8 +7,12 @@ alone, so that its answers never depend on what else the server is running. ``ba
 and approximate: the scheduler merges the plans of concurrent ``batching`` requests into one
 forward within its batching window (``Limits``), so a request's prefix may be left-padded to a
 wider one of another request; its answers stay within the engine's gate of ``exact`` (the same
-decisions; on the CPU float32 engine, probabilities within 1e-5), not byte for byte; ``s1omni validate ENG
---merged N`` holds an engine's merged forwards to its forwards alone (``s1omni.export.merged_check``). A server runs
+decisions; on the CPU float32 engine, probabilities within 1e-5), not byte for byte. As the reference's
+(vela2.md §8: "as shared_context, and also merges concurrent requests") its forwards run packed, each
+tree's blocks in one row behind its prefix, on an engine whose merged packed forwards passed
+``s1omni validate ENG --merged N --shared-context`` (``packed_batching_check``); on any other engine they
+merge in exact's layout, one row a block, which ``s1omni validate ENG --merged N`` holds to alone
+(``s1omni.export.merged_check``). The card's entry says which. A server runs
 ``exact`` and the profiles it was started with (``s1omni serve --profiles batching``); the card of
 ``GET /v1/models`` lists them, and a request for any other is 400 ``invalid_request``.
 
@@ -24,7 +28,7 @@ names the copy and its consent figures.
 float32 rounding (the same keys and weights, summed in another order), not byte for byte; a server offers it
 only with an engine whose packed forwards passed ``s1omni validate ENG --shared-context`` (the device's
 fixed gate against exact, ``s1omni.export.merged_check``), and its card entry carries that verdict's
-figures. ``batching`` still merges requests in exact's layout: it does not pack.
+figures.
 """
 
 from __future__ import annotations
@@ -83,14 +87,41 @@ def _merging(limits: Limits, profile: Profile) -> str:
             f"(at most {limits.max_batch_tokens} tokens and {limits.max_batch_plans} plans a forward)")  # fmt: skip
 
 
-def batching_entry(limits: Limits) -> dict[str, Any]:
-    """The card's entry for ``batching`` under the scheduler's ``limits``."""
+def packed_batching_check(model: Any) -> dict[str, Any] | None:
+    """The passed verdict on ``model``'s merged packed forwards (``s1omni validate ENG --merged N --shared-context``),
+    on which ``batching`` packs its forwards; None where it has none or missed (it merges in exact's layout then)."""
+    check = getattr(model, "merged_packed_check", None)
+    return check if check and check.get("passed") else None
+
+
+def _check_figures(check: dict[str, Any]) -> dict[str, Any]:
+    summary = check["summary"]
+    return {"gate": check["gate"]["name"], "decisions": summary["decisions"], "span_sets": summary["span_sets"],
+            "max_probability": summary["max_probability"]}  # fmt: skip
+
+
+def batching_entry(limits: Limits, packed: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The card's entry for ``batching`` under the scheduler's ``limits``, its forwards packed where ``packed``
+    (the engine's passed merged packed check, ``packed_batching_check``) is given."""
+    if packed is None:
+        return {
+            "name": BATCHING.name,
+            "numerics": "approximate",
+            "description": (
+                f"{_merging(limits, BATCHING)}, in exact's layout: a prefix may be left-padded to another request's, so answers "
+                "are within the engine's gate of exact (the same decisions), not byte for byte"
+            ),
+        }
+    figures = _check_figures(packed)
     return {
         "name": BATCHING.name,
         "numerics": "approximate",
+        "check": figures,
         "description": (
-            f"{_merging(limits, BATCHING)}: a prefix may be left-padded to another request's, so answers are within the "
-            "engine's gate of exact (the same decisions), not byte for byte"
+            f"{_merging(limits, BATCHING)}, each tree's blocks packed into one row behind its prefix (as shared_context): a "
+            "prefix may be left-padded to another request's, so answers are within the engine's gate of exact, not byte for "
+            f"byte; held to the {figures['gate']} gate of each request alone (decisions {figures['decisions']}, max |dp| "
+            f"{figures['max_probability']:.2g} with {packed['group']} calibration cases to a forward)"
         ),
     }
 
@@ -101,8 +132,7 @@ def shared_context_entry(check: dict[str, Any]) -> dict[str, Any]:
     return {
         "name": SHARED_CONTEXT.name,
         "numerics": "approximate",
-        "check": {"gate": check["gate"]["name"], "decisions": summary["decisions"], "span_sets": summary["span_sets"],
-                  "max_probability": summary["max_probability"]},  # fmt: skip
+        "check": _check_figures(check),
         "description": (
             "each tree's blocks packed into one row behind its prefix, each request alone: exact's answers up to the "
             f"engine's rounding, held to the {check['gate']['name']} gate of exact (decisions {summary['decisions']}, max |dp| "

@@ -30,7 +30,7 @@ from . import wire
 from .config import ServeConfig
 from .families import Family, family_for
 from .metrics import Metrics
-from .profiles import MAX_SPEED, SHARED_CONTEXT, max_speed_entry, shared_context_entry
+from .profiles import BATCHING, MAX_SPEED, SHARED_CONTEXT, max_speed_entry, packed_batching_check, shared_context_entry
 from .scheduler import Arrival, Instance, Scheduler
 from .timing import Timing
 
@@ -106,6 +106,10 @@ class Service:
             copy = instances[0][1]
             if SHARED_CONTEXT.name in self.config.profiles:
                 card["profiles"] = [*card["profiles"], shared_context_entry(model.packed_check)]
+            if BATCHING.name in self.config.profiles:
+                packed = packed_batching_check(model)
+                log.info("batching merges requests %s", "in packed rows (its merged packed check passed)" if packed else
+                         "in exact's layout (packed rows need a passed `s1omni validate ENG --merged N --shared-context`)")  # fmt: skip
             if copy is not None:
                 card["profiles"] = [*card["profiles"], max_speed_entry(self.family.limits, copy.card())]
                 log.info("max_speed on the reduced copy %s (consent: %s)", copy.path, copy.card()["consent"])
@@ -130,21 +134,29 @@ class Service:
             bug = not isinstance(exc, S1omniError) or ran_into
             log.error("%s cannot be served: %s", self.source.label, exc, exc_info=bug)
 
+    def _packed_profiles(self, model: DecisionModel) -> list[str]:
+        """The enabled profiles whose forwards run ``model``'s packed graph: ``shared_context``, and ``batching`` on an
+        engine whose merged packed forwards passed their check (``packed_batching_check``)."""
+        packed = [SHARED_CONTEXT.name] if SHARED_CONTEXT.name in self.config.profiles else []
+        if BATCHING.name in self.config.profiles and packed_batching_check(model) is not None:
+            packed.append(BATCHING.name)
+        return packed
+
     def _warm_forwards(self, models: list[DecisionModel]) -> None:
         """The golden request's forwards, before any request: on each further copy of the model (the golden
-        request then warms the first one's, answered as a client's), and the packed forward of each where
-        ``shared_context`` is enabled, so that sessions start and CUDA graphs of its shapes are captured."""
-        shared = SHARED_CONTEXT.name in self.config.profiles
-        if len(models) == 1 and not shared:
+        request then warms the first one's, answered as a client's), and the packed forward of each where a
+        profile runs it (``_packed_profiles``), so that sessions start and CUDA graphs of its shapes are captured."""
+        packed = self._packed_profiles(models[0])
+        if len(models) == 1 and not packed:
             return
         golden = models[0].plan(models[0].golden_request())
         for index, model in enumerate(models):
             if index:
                 model.forward([golden])
-            if shared:
+            if packed:
                 model.forward_packed([golden])
         log.info("warmed the golden request's forwards on %d instance%s%s", len(models), "" if len(models) == 1 else "s",
-                 ", packed (shared_context) too" if shared else "")  # fmt: skip
+                 f", packed ({' and '.join(packed)}) too" if packed else "")  # fmt: skip
 
     def _instance(self) -> tuple[DecisionModel, ReducedCopy | None]:
         """One copy of the model (and of its reduced copy, where ``max_speed`` is enabled) on the device."""
@@ -157,15 +169,16 @@ class Service:
                 verdict = "its verdict is a miss" if check else "it has no verdict: run that check first"
                 raise GateMissed(f"shared_context serves an engine whose packed forwards passed `s1omni validate ENG --shared-context`; "
                                  f"{self.source.label}: {verdict}")  # fmt: skip
+        if self._packed_profiles(model):
             model.open_shared_context()
         copy = self.source.reduced_copy() if self.source.reduced_copy is not None else None  # GateMissed unless its consent stands
         return model, copy
 
     def _forwards(self, model: DecisionModel, copy: ReducedCopy | None) -> Instance:
-        """The instance's forward per profile: exact's and batching's ``forward``, shared_context's packed one, max_speed's copy's."""
+        """The instance's forward per profile: exact's ``forward``, the packed one of the profiles that pack
+        (``_packed_profiles``), max_speed's copy's; batching's is exact's where it does not pack."""
         forwards = {MAX_SPEED.name: copy.model.forward} if copy is not None else {}
-        if SHARED_CONTEXT.name in self.config.profiles:
-            forwards[SHARED_CONTEXT.name] = model.forward_packed
+        forwards.update({name: model.forward_packed for name in self._packed_profiles(model)})
         return Instance(model.forward, forwards)
 
     async def _warm_up(self) -> None:

@@ -6,15 +6,17 @@ import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from s1omni.calib import CALIB
 from s1omni.export.gate import CaseRecord
-from s1omni.export.merged_check import _records, judge_merged
+from s1omni.export.merged_check import _records, check_label, judge_merged, run_merged
 from s1omni.export.reference import load_cases
 from s1omni.runtime.engine import load_engine_model, read_manifest
+from s1omni.runtime.runners.onnxruntime_runner import OnnxRuntimeRunner
 from tests.cli import run_s1omni
 
 # Prefixes of different widths (one token, a few hundred, 722), so that merging left-pads them to the widest.
@@ -45,6 +47,34 @@ def test_the_cpu_engine_answers_merged_requests_as_it_answers_each_alone(cpu_eng
     assert same == total > 0 and summary["layouts_identical"] and summary["usage_identical"]
     assert summary["max_probability"] <= 1e-5 and summary["hidden_rel_l2"] <= 5e-5
     assert read_manifest(engine)["validation"] == read_manifest(cpu_engine)["validation"]  # validation untouched
+
+
+def test_merged_packed_forwards_are_checked_and_recorded_apart(cpu_engine: Path, four_cases: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--merged N --shared-context``: N cases to a packed forward (what batching runs on packed rows), its verdict
+    under ``merged_packed``, the padded check's ``merged`` untouched; the packed graph really ran, N plans a call."""
+    engine = tmp_path / "engine"
+    shutil.copytree(cpu_engine, engine)
+    calls: list[int] = []
+    run_packed = OnnxRuntimeRunner.run_packed
+    monkeypatch.setattr(OnnxRuntimeRunner, "run_packed", lambda runner, trees: calls.append(len(trees)) or run_packed(runner, trees))
+    report = run_merged(engine, 2, four_cases, tmp_path / "packed.json", packed=True)
+    trees = [len(plan.trees) for plan in _plans(engine, four_cases)]
+    assert calls == [trees[0] + trees[1], trees[2] + trees[3]]
+    assert (report["check"], report["group"], report["passed"], report["gate"]["name"]) == ("merged_packed", 2, True, "cpu-fp32")
+    assert check_label(report) == "merged 2 to a packed forward"
+    manifest = read_manifest(engine)
+    assert manifest["merged_packed"] == report and "merged" not in manifest and "shared_context" not in manifest
+    summary = report["summary"]
+    same, total = map(int, summary["decisions"].split("/"))
+    assert same == total > 0 and summary["max_probability"] <= 1e-5 and summary["hidden_rel_l2"] <= 5e-5
+    result = run_s1omni("validate", str(engine), "--merged", "4", "--shared-context", "--cases", str(four_cases))
+    assert result.returncode == 0 and "PASSED gate cpu-fp32 (merged 4 to a packed forward against alone)" in result.stderr, result.stderr
+    assert read_manifest(engine)["merged_packed"]["group"] == 4
+
+
+def _plans(engine: Path, cases_path: Path) -> list[Any]:
+    model = load_engine_model(engine, allow_unvalidated=True)
+    return [model.plan(case["request"]) for case in load_cases(cases_path)]
 
 
 def test_merged_answers_that_are_not_the_cases_own_fail(cpu_engine: Path, four_cases: Path) -> None:

@@ -138,7 +138,6 @@ def test_validate_shared_context_records_the_verdict_serving_needs(cpu_engine: P
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (("--shared-context", "--merged", "2"), "two checks: run one at a time"),
         (("--shared-context", "--exact", "X"), "--shared-context judges the engine against itself"),
     ],
 )

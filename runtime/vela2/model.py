@@ -106,6 +106,7 @@ class Vela2Model:
     family = "vela2"
     validation: dict[str, Any] | None = None  # a validated engine's: the gate it met (``runtime.engine.served_validation``)
     packed_check: dict[str, Any] | None = None  # an engine's packed forwards against exact (``s1omni validate --shared-context``)
+    merged_packed_check: dict[str, Any] | None = None  # its merged packed forwards against alone (``--merged N --shared-context``)
 
     def __init__(
         self,

@@ -55,7 +55,7 @@ class Vela:
         """The model's card, its ``profiles`` (the model's own: exact) with those this server enabled."""
         card = model.card()
         if profiles.BATCHING.name in self.profiles:
-            card["profiles"] = [*card["profiles"], profiles.batching_entry(self.limits)]
+            card["profiles"] = [*card["profiles"], profiles.batching_entry(self.limits, profiles.packed_batching_check(model))]
         return card
 
     def bind(self, model: DecisionModel, card: dict[str, Any], scheduler: Scheduler) -> None:

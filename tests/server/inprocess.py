@@ -57,26 +57,30 @@ def prefix_lengths(model: Any, text: str) -> set[int]:
 
 class Watch:
     """Stamps each ``forward`` (the texts of its plans) and each ``readout`` of ``model`` with when
-    it ran; ``hold_forward(texts)`` and ``hold(text)`` run at the start of each forward and readout
-    (a test's own wait)."""
+    it ran, and each ``forward_packed`` in ``packed_forwards``; ``hold_forward(texts)`` and ``hold(text)``
+    run at the start of each forward and readout (a test's own wait)."""
 
     def __init__(self, model: Any, monkeypatch: pytest.MonkeyPatch):
         self.forwards: list[tuple[list[str], float, float]] = []
+        self.packed_forwards: list[tuple[list[str], float, float]] = []
         self.readouts: list[tuple[str, float, float]] = []
         self.forwarding: defaultdict[str, threading.Event] = defaultdict(threading.Event)
         self.reading: defaultdict[str, threading.Event] = defaultdict(threading.Event)
         self.hold_forward = lambda texts: None
         self.hold = lambda text: None
-        forward, readout = model.forward, model.readout
+        readout = model.readout
 
-        def watched_forward(plans: Sequence[Any]) -> list[Any]:
-            texts, started = [text_of(plan) for plan in plans], time.perf_counter()
-            for text in texts:
-                self.forwarding[text].set()
-            self.hold_forward(texts)
-            out = forward(plans)
-            self.forwards.append((texts, started, time.perf_counter()))
-            return out
+        def watched(forward: Any, stamps: list[tuple[list[str], float, float]]) -> Any:
+            def watched_forward(plans: Sequence[Any]) -> list[Any]:
+                texts, started = [text_of(plan) for plan in plans], time.perf_counter()
+                for text in texts:
+                    self.forwarding[text].set()
+                self.hold_forward(texts)
+                out = forward(plans)
+                stamps.append((texts, started, time.perf_counter()))
+                return out
+
+            return watched_forward
 
         def watched_readout(plan: Any, hidden: Any) -> Any:
             text, started = text_of(plan), time.perf_counter()
@@ -86,7 +90,8 @@ class Watch:
             self.readouts.append((text, started, time.perf_counter()))
             return out
 
-        monkeypatch.setattr(model, "forward", watched_forward)
+        monkeypatch.setattr(model, "forward", watched(model.forward, self.forwards))
+        monkeypatch.setattr(model, "forward_packed", watched(model.forward_packed, self.packed_forwards))
         monkeypatch.setattr(model, "readout", watched_readout)
 
     def forwards_of(self, text: str) -> list[tuple[list[str], float, float]]:

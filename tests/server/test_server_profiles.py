@@ -13,17 +13,20 @@ with the enabled ones in its message.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from inprocess import TIMEOUT_S, Watch, body, post, prefix_lengths, serving, together, wait_for
 from serving import Server, error, metric
 
 from s1omni.export.compare_answers import compare
 from s1omni.export.gate import load_gates
+from tests.cli import s1omni
 
 PROFILES = ("exact", "batching")
 # Three prefixes of three widths: merged, the two shorter would be left-padded to the widest.
@@ -112,6 +115,55 @@ def test_batching_requests_sent_together_share_a_forward_within_the_gate_of_alon
         assert stats.max_probability <= GATE["max_probability"] and stats.max_score <= GATE["max_score"], (text, stats)
         if prefix_lengths(engine_model, text) == prefix_lengths(engine_model, WIDTHS[-1]):  # not padded
             assert exchange.body == reference.content, text
+
+
+@pytest.fixture(scope="module")
+def packed_model(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny member's CPU engine whose merged packed forwards passed ``s1omni validate --merged 2 --shared-context``
+    (on two calibration cases: what is tested here is the server's use of the verdict), loaded as serve loads it."""
+    from s1omni.calib import CALIB
+    from s1omni.export.reference import load_cases
+    from s1omni.runtime.engine import load_engine_model
+
+    root = tmp_path_factory.mktemp("packed-batching")
+    cases = root / "cases.json"
+    cases.write_text(json.dumps({"cases": [case for case in load_cases(CALIB / "vela2") if case["name"] in ("golden", "prefix-one-token")]}))
+    s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--out", str(root / "engine"))
+    s1omni("validate", str(root / "engine"), "--merged", "2", "--shared-context", "--cases", str(cases))
+    return load_engine_model(root / "engine", allow_unvalidated=True)
+
+
+def test_batching_on_an_engine_whose_merged_packed_forwards_passed_runs_packed_rows_within_the_gate_of_alone(
+    packed_model: Any, widths: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vela2.md §8: batching is shared_context's layout, merged across requests. The four requests sent together
+    run as one packed forward (their blocks packed behind each prefix); alone, exact runs them in its own layout."""
+    texts = (*WIDTHS, AS_WIDE)
+    watch = Watch(packed_model, monkeypatch)
+    with serving(packed_model, PROFILES) as running:
+        card = httpx.get(running.url + "/v1/models", timeout=TIMEOUT_S).json()["data"][0]
+        sent = together(running, [body(text, profile="batching") for text in texts])
+        alone = [post(running, body(text)) for text in texts]
+    batching = card["profiles"][1]
+    assert batching["name"] == "batching" and batching["check"]["gate"] == "cpu-fp32", batching
+    assert "packed into one row behind its prefix" in batching["description"] and "2 calibration cases to a forward" in batching["description"]
+    assert [sorted(run) for run, _, _ in watch.packed_forwards if set(run) & set(texts)] == [sorted(texts)]
+    assert texts_of_forwards(watch, texts) == [[text] for text in texts]  # exact's, alone
+    for text, exchange, reference in zip(texts, sent, alone, strict=True):
+        assert exchange.status == reference.status_code == 200, exchange.body
+        stats = compare(reference.json(), exchange.json(), GATE["decision_margin"])
+        assert not stats.failures and stats.same_decisions == stats.decisions and not stats.ties, (text, stats)
+        assert stats.max_probability <= GATE["max_probability"] and stats.max_score <= GATE["max_score"], (text, stats)
+
+
+@pytest.mark.parametrize(("check", "packs"), [(None, False), ({"passed": False}, False), ({"passed": True}, True)])
+def test_batching_packs_only_on_a_passed_merged_packed_verdict(check: dict[str, Any] | None, packs: bool) -> None:
+    from types import SimpleNamespace
+
+    from s1omni.server.profiles import packed_batching_check
+
+    assert (packed_batching_check(SimpleNamespace(merged_packed_check=check)) is not None) == packs
+    assert packed_batching_check(SimpleNamespace()) is None  # a model without the attribute (another family, a package)
 
 
 # -- s1omni serve --profiles ---------------------------------------------------------------------
