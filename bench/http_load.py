@@ -9,6 +9,10 @@ first sends ``warmup`` requests of its own, untimed, and the timed window opens 
 client has, so that no sample is taken while some clients are still warming up; it closes once
 every client has had ``requests`` answers in it, the clients done first sending on meanwhile, so
 that the load stays at its concurrency to the end.
+Before its first level, a server with several model instances (``s1omni serve --instances N``) gets
+``warmup`` bursts of N requests at once, untimed: a worker takes one request of a burst each, so that
+every instance has run the request (and on a GPU captured its CUDA graphs for the request's shapes)
+before a sample is taken; one client's warm-ups alone need not reach every instance.
 A level thus gives at least ``concurrency x requests`` samples; a request sent before the window
 opened or answered after it closed is not one. Requests per second are the samples over the
 window. A sample runs on the client clock from the send to the fully parsed body; the request body
@@ -202,6 +206,14 @@ async def _closed_loop(client: httpx.AsyncClient, body: bytes, concurrency: int,
     return load
 
 
+async def _warm_instances(url: str, body: bytes, instances: int, rounds: int) -> None:
+    """``rounds`` bursts of ``instances`` requests at once, untimed (see the module's docstring)."""
+    limits = httpx.Limits(max_connections=instances, max_keepalive_connections=instances)
+    async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits, trust_env=False) as client:
+        for _ in range(rounds):
+            await asyncio.gather(*(client.post(PATH, content=body, headers=JSON) for _ in range(instances)))
+
+
 async def _level(url: str, body: bytes, concurrency: int, requests: int, warmup: int) -> Load:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits, trust_env=False) as client:
@@ -216,11 +228,17 @@ def measure(
     requests: int,
     warmup: int,
     progress: Callable[[str], None],
+    instances: int = 1,
 ) -> list[dict[str, Any]]:
     """One run per concurrency level, each client sending ``requests`` timed requests (``body``, which
     asks for ``profile``) after its own ``warmup``: client latency summary, requests/s over the timed
-    window, failures, answer errors, and per-stage medians of the server's own timing."""
+    window, failures, answer errors, and per-stage medians of the server's own timing. A server of
+    ``instances`` model instances first gets ``warmup`` bursts of that many requests at once."""
     payload = json.dumps(body).encode("utf-8")
+    bursts = warmup if instances > 1 else 0
+    if bursts:
+        asyncio.run(_warm_instances(server.url, payload, instances, bursts))
+        progress(f"http {server.name}: warmed its {instances} instances ({bursts} x {instances} requests at once)")
     runs = []
     for level in concurrency:
         started = now()
@@ -230,6 +248,7 @@ def measure(
         }  # fmt: skip
         run["failures"] = dict(load.failures)
         run["requests_per_client"], run["warmup_per_client"] = requests, warmup
+        run["instance_warmup"] = {"instances": instances, "bursts": bursts}
         run["per_client"] = load.per_client  # each client's requests in the window, failed ones included
         run["untimed"] = load.untimed
         run["answer_errors"] = load.answer_errors

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from s1omni.bench.run import http_ratios, subject_names
+from s1omni.bench.run import http_ratios, served_instances, subject_names
 from s1omni.bench.http_load import request_body, server_timing
 from s1omni.bench.stats import nearest_rank, ratios, summarize
 from s1omni.bench.workloads import REFERENCE, backbone, measure, named
@@ -164,6 +164,23 @@ def test_http_clients_are_not_merged_requests(tiny_vela: Path, tmp_path: Path, c
     assert main(argv) == 2  # usage
     assert "must be one request" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_server_of_several_instances_is_warmed_on_each_before_a_level_is_timed(
+    tiny_vela: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One client's warm-ups need not reach every instance (on a GPU, a request's first run on an instance
+    captures its CUDA graphs: the 4B's p95 at one client was two such runs); a burst of one request an
+    instance, untimed, does, before the levels."""
+    out = tmp_path / "out"
+    argv = ["bench", "--package", str(tiny_vela), "--workloads", "", "--requests", "2", "--warmup", "1", "--http",
+            "--http-workload", "noul-default", "--concurrency", "1", "--serve-arg=--instances=2", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "warmed its 2 instances (1 x 2 requests at once)" in capsys.readouterr().err
+    (run,) = json.loads((out / "bench.json").read_text(encoding="utf-8"))["http"]["runs"]
+    assert run["instance_warmup"] == {"instances": 2, "bursts": 1}
+    assert run["count"] == sum(run["per_client"]) == 2 and run["failures"] == {}  # the burst is not sampled
+    assert served_instances(["--batch-window-ms=2", "--instances", "3"]) == 3 and served_instances([]) == 1
 
 
 def test_ratios_come_from_the_same_run(tiny_model) -> None:
