@@ -177,19 +177,21 @@ class OmniJevModel:
 
     @classmethod
     def from_package(cls, package: VerifiedPackage, device: str = "cpu", precision: str | None = None) -> OmniJevModel:
-        """The torch reference over a verified package, in the released float32 weights; ``precision``
-        (Vela 2.0's bf16 autocast choice, which every face takes) is not applied."""
+        """The torch reference over a verified package, in the released float32 weights; ``precision`` as
+        Vela 2.0's reference takes it (on a GPU bf16, BF16 autocast, by default, or fp32 with TF32 off), for
+        the backbone and the vision tower alike."""
         root, details = package.root, package.details
         manifest, config = details["manifest"], details["config"]
         processor_config = read_json(root / PROCESSOR_CONFIG) if PROCESSOR_CONFIG in manifest["outputs"] else None
         backbone = load_backbone(config["text_config"], [root / s for s in details["shards"]], prefix=LANGUAGE_PREFIX)
+        runner = TorchRunner(backbone, device, precision)
         return cls(
             identity_of(package),
             Release.read(manifest, config),
             Tokenizer.from_file(str(root / "tokenizer.json")),
             Processor.from_config(processor_config, manifest["max_pixels"]),
-            VisionTower.load(config["vision_config"], root / "vision.safetensors"),
-            TorchRunner(backbone, device),
+            VisionTower.load(config["vision_config"], root / "vision.safetensors", device, runner.precision),
+            runner,
             Heads.load(root / "heads.safetensors"),
             backbone.embed_tokens.weight.detach().float().cpu().numpy(),
         )

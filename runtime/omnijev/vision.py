@@ -1,4 +1,5 @@
-"""The vision tower on the reference path: transformers' ``Qwen3_5VisionModel``, eager, float32.
+"""The vision tower on the reference path: transformers' ``Qwen3_5VisionModel``, eager, float32 weights
+(under the backbone reference's precision policy on a GPU).
 
 It turns the processor's patches into one embedding per 2x2-merged patch group (the merger's
 output, ``out_hidden_size`` = the language hidden size), which replace the image placeholders'
@@ -17,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..runners.torch_runner import read_prefixed
+from ..runners.torch_runner import precision_policy, read_prefixed, reference_device
 from .image import Pixels
 
 VISION_PREFIX = "model.visual."
@@ -59,11 +60,16 @@ def grid_inputs(grid: tuple[int, int, int], config: dict[str, Any]) -> dict[str,
 
 
 class VisionTower:
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
+    def __init__(self, model: torch.nn.Module, device: str = "cpu", precision: str | None = None):
+        """On ``device`` at ``precision``, the backbone reference's policy (``reference_device``): on a GPU, BF16
+        autocast (the reference worker's, whose image features sit about 14% relative L2 from float32's,
+        omnijev.md §12) or float32 with TF32 off; float32 on the CPU."""
+        self.device, self.precision = reference_device(device, precision)
+        self._torch_device = torch.device(device)
+        self.model = model.to(self._torch_device)
 
     @classmethod
-    def load(cls, config: dict[str, Any], path: Path) -> VisionTower:
+    def load(cls, config: dict[str, Any], path: Path, device: str = "cpu", precision: str | None = None) -> VisionTower:
         from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 
         vision = vision_config(config)
@@ -74,11 +80,12 @@ class VisionTower:
         model.load_state_dict(state, strict=True, assign=True)
         # The rotary frequencies are a non-persistent buffer: rebuilt from the config.
         model.rotary_pos_emb = type(model.rotary_pos_emb)(vision)
-        return cls(model.float().eval())
+        return cls(model.float().eval(), device, precision)
 
     @torch.inference_mode()
     def __call__(self, pixels: Pixels) -> np.ndarray:
         """Image embeddings ``[pixels.tokens, out_hidden_size]`` (float32), in the placeholders' order."""
-        grid = torch.tensor([pixels.grid], dtype=torch.long)
-        out = self.model(torch.from_numpy(pixels.values), grid_thw=grid)
-        return out.pooler_output.float().numpy()
+        grid = torch.tensor([pixels.grid], dtype=torch.long, device=self._torch_device)
+        with precision_policy(self.precision):
+            out = self.model(torch.from_numpy(pixels.values).to(self._torch_device), grid_thw=grid)
+        return out.pooler_output.float().cpu().numpy()

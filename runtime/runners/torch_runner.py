@@ -167,21 +167,33 @@ def release_gpu_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def reference_device(device: str, precision: str | None) -> tuple[str, str]:
+    """The torch reference's device kind and precision on ``device``: ``precision`` bf16 (the reference's GPU
+    policy, BF16 autocast over float32 weights; the GPU default) or fp32 (TF32 off on a GPU; the CPU's only)."""
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise EnvironmentMissing(f"device {device}: torch {torch.__version__} sees no CUDA GPU here")
+    precision = precision or ("bf16" if kind == "cuda" else "fp32")
+    if kind == "cpu" and precision != "fp32":
+        raise ValueError("the CPU reference runs in float32")
+    if kind == "cuda" and precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    return kind, precision
+
+
+def precision_policy(precision: str) -> contextlib.AbstractContextManager[Any]:
+    """What a reference forward runs under: BF16 autocast at bf16, nothing at fp32."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+
+
 class TorchRunner:
     name = "torch"
 
     def __init__(self, model, device: str = "cpu", precision: str | None = None, kernels: str = "torch"):
         """``precision`` bf16 (the reference's GPU policy: BF16 autocast) or fp32 (TF32 off on a GPU);
         ``kernels`` torch (transformers' torch functions) or fla (FLA's gated delta rules)."""
-        self.device = "cuda" if str(device).startswith("cuda") else "cpu"
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise EnvironmentMissing(f"device {device}: torch {torch.__version__} sees no CUDA GPU here")
-        self.precision = precision or ("bf16" if self.device == "cuda" else "fp32")
-        if self.device == "cpu" and self.precision != "fp32":
-            raise ValueError("the CPU reference runs in float32")
-        if self.device == "cuda" and self.precision == "fp32":
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
+        self.device, self.precision = reference_device(device, precision)
         self.kernels = kernels
         self.functions = layer_functions(kernels)
         self.model = model.to(device)
@@ -201,8 +213,7 @@ class TorchRunner:
     @contextlib.contextmanager
     def _running(self) -> Iterator[None]:
         """This runner's layer functions bound, under BF16 autocast where its precision says so."""
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.precision == "bf16" else contextlib.nullcontext()
-        with bound(self.functions), autocast:
+        with bound(self.functions), precision_policy(self.precision):
             yield
 
     def _embeddings(self, ids: torch.Tensor, prefix: Prefix | None = None) -> torch.Tensor:

@@ -337,3 +337,41 @@ def test_an_expired_plan_is_refused_as_busy(omnijev_model: OmniJevModel) -> None
         {"detail": "the worker is busy"},
         {"Retry-After": "1"},
     )
+
+
+# ----------------------------------------------------------------------------- precision
+
+
+def test_the_cpu_reference_refuses_another_precision(omnijev_package: Path) -> None:
+    """The precision a validation asks for is applied, not dropped: the CPU reference has only float32."""
+    from s1omni.runtime.api import load_model
+
+    assert load_model(omnijev_package, precision="fp32").runner.precision == "fp32"
+    with pytest.raises(ValueError, match="the CPU reference runs in float32"):
+        load_model(omnijev_package, precision="bf16")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the device)")
+def test_the_gpu_reference_runs_backbone_and_vision_tower_at_the_precision_asked(
+    omnijev_package: Path, omnijev_model: OmniJevModel, request_body
+) -> None:
+    """``s1omni validate`` on CUDA makes a float32 (TF32 off) and a BF16 reference record of an OmniJev member:
+    both the backbone and the vision tower run on the GPU at that precision. float32 matches the CPU's features
+    to float32 rounding; BF16 autocast moves them, as the reference worker's BF16 does (omnijev.md §12: about
+    14% relative L2 on a real member), and still answers every question."""
+    from s1omni.runtime.api import load_model
+
+    plan = omnijev_model.plan(copy.deepcopy(request_body))
+    cpu = omnijev_model.vision(plan.pixels)
+    for precision in ("fp32", "bf16"):
+        model = load_model(omnijev_package, device="cuda", precision=precision)
+        assert (model.device, model.runner.precision, model.vision.precision) == ("cuda", precision, precision)
+        features = model.vision(model.plan(copy.deepcopy(request_body)).pixels)
+        moved = float(np.linalg.norm(features - cpu) / np.linalg.norm(cpu))
+        if precision == "fp32":
+            assert moved <= 1e-4, moved
+        else:
+            assert 1e-4 < moved <= 0.3, moved
+        answers = model.answer(copy.deepcopy(request_body))["answers"]
+        assert all("error" not in answer for answer in answers.values()), answers
