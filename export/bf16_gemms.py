@@ -9,6 +9,10 @@ and float32 accumulation (``CUBLAS_COMPUTE_32F``; microsoft/onnxruntime:
 onnxruntime/core/providers/cuda/shared_inc/fpgeneric.h), i.e. a torch bfloat16 ``nn.Linear``.
 Everything else stays float32: embeddings, norms, rotary, attention scores, the Gated DeltaNet rule
 and its state, and every input and output of the graphs, so the runner is unchanged.
+
+OmniJev's vision tower (``vision.onnx``) spells its linear layers as ``Gemm`` (``x Wᵀ + b``): each such
+``Gemm`` runs in bfloat16 the same way, its bias rounded to bfloat16 too, which is what a torch
+``nn.Linear`` under BF16 autocast (the reference's GPU policy) does with it.
 """
 
 from __future__ import annotations
@@ -100,8 +104,9 @@ class Bf16Weights:
         return tensor
 
 
-def weight_matrices(graph: onnx.GraphProto, what: str, takes: Callable[[onnx.TensorProto], bool]) -> dict[str, onnx.TensorProto]:
-    """The 2-D initializers ``takes`` accepts whose every reader is a ``MatMul`` taking it as its second input, by
+def weight_matrices(graph: onnx.GraphProto, what: str, takes: Callable[[onnx.TensorProto], bool],
+                    ops: tuple[str, ...] = ("MatMul",)) -> dict[str, onnx.TensorProto]:  # fmt: skip
+    """The 2-D initializers ``takes`` accepts whose every reader is one of ``ops`` taking it as its second input, by
     name; ``ValueError`` for a graph with subgraphs (Scan), which a rewrite does not enter."""
     if any(attribute.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for node in graph.node for attribute in node.attribute):
         raise ValueError(f"{what} GEMMs: the graph has subgraphs (Scan); build from the fused graphs")
@@ -115,28 +120,53 @@ def weight_matrices(graph: onnx.GraphProto, what: str, takes: Callable[[onnx.Ten
         if len(tensor.dims) == 2
         and takes(tensor)
         and readers[tensor.name]
-        and all(node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and index == 1 for node, index in readers[tensor.name])
+        and all(node.op_type in ops and node.domain in ("", "ai.onnx") and index == 1 for node, index in readers[tensor.name])
     }
 
 
+def _gemm_biases(graph: onnx.GraphProto, matrices: dict[str, onnx.TensorProto]) -> set[str]:
+    """The float32 initializers that are a bfloat16 ``Gemm``'s bias (its third input) and nothing else's."""
+    readers: dict[str, int] = defaultdict(int)
+    for node in graph.node:
+        for name in node.input:
+            readers[name] += 1
+    float32 = {tensor.name for tensor in graph.initializer if tensor.data_type == TensorProto.FLOAT}
+    return {node.input[2] for node in graph.node if node.op_type == "Gemm" and node.input[1] in matrices
+            and len(node.input) > 2 and node.input[2] in float32 and readers[node.input[2]] == 1}  # fmt: skip
+
+
 def use_bf16_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
-    """Rewrite ``model`` in place (see the module docstring); returns how many ``MatMul`` nodes now run in
-    bfloat16. A weight also read by any other node is left in float32, and so are its products; one
+    """Rewrite ``model`` in place (see the module docstring); returns how many ``MatMul`` and ``Gemm`` nodes now
+    run in bfloat16. A weight also read by any other node is left in float32, and so are its products; one
     already in bfloat16 (merged projections, rounded as they were concatenated) is kept as it is."""
     graph = model.graph
-    matrices = weight_matrices(graph, "bf16", lambda tensor: tensor.data_type in (TensorProto.FLOAT, TensorProto.BFLOAT16))
-    initializers = [
-        weights.rounded(tensor) if tensor.name in matrices and tensor.data_type == TensorProto.FLOAT else tensor for tensor in graph.initializer
-    ]
+    matrices = weight_matrices(graph, "bf16", lambda tensor: tensor.data_type in (TensorProto.FLOAT, TensorProto.BFLOAT16), ("MatMul", "Gemm"))
+    biases = _gemm_biases(graph, matrices)
+
+    def rounded(tensor: onnx.TensorProto) -> onnx.TensorProto:
+        if tensor.name in biases:
+            return weights.placed(tensor.name, TensorProto.BFLOAT16, tensor.dims,
+                                  lambda: bfloat16_bits(float32_array(tensor, weights.source_dir)).tobytes(), [tensor])  # fmt: skip
+        return weights.rounded(tensor) if tensor.name in matrices and tensor.data_type == TensorProto.FLOAT else tensor
+
+    initializers = [rounded(tensor) for tensor in graph.initializer]
     del graph.initializer[:]
     graph.initializer.extend(initializers)
+    retyped = {tensor.name for tensor in initializers if tensor.data_type == TensorProto.BFLOAT16}
+    kept = [info for info in graph.value_info if info.name not in retyped]  # an exporter's float32 types for them (onnx_ir writes some)
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
     nodes: list[onnx.NodeProto] = []
     cast_in: set[str] = set()  # activations already cast (q, k, v and the gates read one input)
     rewritten = 0
     for node in graph.node:
-        if node.op_type != "MatMul" or node.input[1] not in matrices:
+        if node.op_type not in ("MatMul", "Gemm") or node.input[1] not in matrices:
             nodes.append(node)
             continue
+        if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] and node.input[2] not in biases:
+            bias = node.input[2]  # an activation, or a bias read elsewhere too: cast on the way in
+            nodes.append(helper.make_node("Cast", [bias], [f"{bias}/bf16"], to=TensorProto.BFLOAT16, name=f"{bias}/to_bf16"))
+            node.input[2] = f"{bias}/bf16"
         activation, product = node.input[0], node.output[0]
         if activation not in cast_in:
             nodes.append(helper.make_node("Cast", [activation], [f"{activation}/bf16"], to=TensorProto.BFLOAT16, name=f"{activation}/to_bf16"))

@@ -48,6 +48,7 @@ import onnx
 from s1omni.runtime import progress
 from s1omni.runtime.engine import read_stage, write_manifest
 from s1omni.runtime.errors import InputError, UsageError
+from s1omni.runtime.omnijev.engine import VISION_GRAPH
 from s1omni.runtime.staging import staged_directory
 
 from .attention_fusions import fuse_attention
@@ -245,6 +246,12 @@ def build(
                     done = ", ".join(f"{rewrite(graph)} {what}" for what, rewrite in rewrites.items())
                     onnx.save(graph, str(stage / name))
                     progress.note(f"onnxruntime/{target}: {name}: {done}")
+                    continue
+                if name == VISION_GRAPH and precision == "bf16":  # OmniJev's vision tower: its linears too
+                    graph = onnx.load(str(export_dir / source))
+                    done = use_bf16_gemms(graph, Bf16Weights(export_dir, stage))
+                    onnx.save(graph, str(stage / name))
+                    progress.note(f"onnxruntime/{target}: {source} -> {name}: {done} bfloat16 GEMMs")
                     continue
                 progress.note(f"onnxruntime/{target}: {source} -> {name}")
                 link_or_copy(export_dir / source, stage / name)

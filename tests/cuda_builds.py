@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.cuda_kernels import INPUT_TYPES
@@ -23,7 +24,6 @@ def cuda_engine_available() -> bool:
     """A CUDA GPU torch sees and ONNX Runtime's CUDA EP (onnxruntime-gpu): the device, not CI."""
     try:
         import onnxruntime
-        import torch
     except ImportError:
         return False
     return torch.cuda.is_available() and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
@@ -118,6 +118,19 @@ def bfloat16_widened(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:
     """A bfloat16 initializer's values in float32 (exact)."""
     bits = numpy_helper.to_array(tensor, base_dir=str(directory)).view(np.uint16)
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def bfloat16_linears(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` computing what a bf16 graph should: every ``nn.Linear`` with its weight, its bias, its input and its
+    output rounded to bfloat16 (a linear under BF16 autocast), the sums in float32."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.weight.data = module.weight.data.bfloat16().float()
+            if module.bias is not None:
+                module.bias.data = module.bias.data.bfloat16().float()
+            module.register_forward_pre_hook(lambda _, args: (args[0].bfloat16().float(), *args[1:]))
+            module.register_forward_hook(lambda _, args, output: output.bfloat16().float())
+    return model
 
 
 def bfloat16_emulated(model: onnx.ModelProto, directory: Path) -> onnx.ModelProto:

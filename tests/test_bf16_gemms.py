@@ -25,7 +25,7 @@ from s1omni.export.merged_projections import merge_projections
 from s1omni.export.onnx_export import load_package_backbone
 from s1omni.runtime.runners.base import text_positions
 from s1omni.runtime.runners.torch_runner import TorchRunner
-from tests.cuda_builds import bfloat16_emulated, bfloat16_widened, build_cuda_engine, gated_delta_net_emulated, validate_on_the_cpu
+from tests.cuda_builds import bfloat16_emulated, bfloat16_linears, bfloat16_widened, build_cuda_engine, gated_delta_net_emulated, validate_on_the_cpu
 
 
 def test_rounding_is_torch_s_bfloat16_nearest_even() -> None:
@@ -121,17 +121,6 @@ def test_a_hard_linked_export_is_read(tmp_path: Path) -> None:
         Bf16Weights(export, engine).rounded(escaping)
 
 
-def _bfloat16_linears(model: torch.nn.Module) -> torch.nn.Module:
-    """The torch model computing what the bf16 graph should: every ``nn.Linear`` with its weight, its
-    input and its output rounded to bfloat16, the sums in float32."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            module.weight.data = module.weight.data.bfloat16().float()
-            module.register_forward_pre_hook(lambda _, args: (args[0].bfloat16().float(), *args[1:]))
-            module.register_forward_hook(lambda _, args, output: output.bfloat16().float())
-    return model
-
-
 def test_bfloat16_graph_computes_the_model_with_bfloat16_linears(external_export: Path, tiny_vela: Path, tmp_path: Path) -> None:
     source = external_export / "prefill.fused.onnx"
     model = onnx.load(str(source), load_external_data=False)
@@ -144,7 +133,7 @@ def test_bfloat16_graph_computes_the_model_with_bfloat16_linears(external_export
              "attention_mask": np.ones((1, len(ids)), np.int64), "readout_index": np.arange(len(ids))[None]}  # fmt: skip
     float32 = onnxruntime.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(["hidden"], feeds)[0][0]
     bfloat16 = onnxruntime.InferenceSession(emulated.SerializeToString(), providers=["CPUExecutionProvider"]).run(["hidden"], feeds)[0][0]
-    expected = TorchRunner(_bfloat16_linears(load_package_backbone(tiny_vela))).forward(ids)
+    expected = TorchRunner(bfloat16_linears(load_package_backbone(tiny_vela))).forward(ids)
     rounding, wiring = np.median(np.abs(bfloat16 - float32)), np.median(np.abs(bfloat16 - expected))
     # The rounding moves the hidden states; the graph follows the bfloat16-linear model far closer than
     # that (on the tiny member, medians relative to the largest state: 3.7e-4 from it, 5.4e-3 from float32;

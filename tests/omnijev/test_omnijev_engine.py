@@ -154,3 +154,37 @@ def test_served_engine_answers_as_the_reference(engine: Path, report: dict[str, 
         assert_same_answers(omnijev_model.answer(copy.deepcopy(CASES["golden"])), response.json(), ROUNDED)
     finally:
         server.stop()
+
+
+def test_a_bf16_build_runs_the_vision_tower_s_linears_in_bfloat16(exported: Path, omnijev_package: Path, tmp_path: Path) -> None:
+    """``s1omni build --target cuda --precision bf16``: the tower's ``Gemm``s (its linears: two per attention and
+    two per MLP, per block, and the merger's two) run in bfloat16, as the backbone's GEMMs do. Run here in
+    emulation (``tests.cuda_builds.bfloat16_emulated``): it follows the tower with bfloat16 linears far closer
+    than the float32 graph it came from."""
+    import numpy as np
+    import onnxruntime
+    from onnx import TensorProto
+
+    from s1omni.export.vision_export import example
+    from s1omni.runtime.omnijev.image import Pixels
+    from s1omni.runtime.omnijev.vision import VisionTower
+    from tests.cuda_builds import bfloat16_emulated, bfloat16_linears, build_cuda_engine
+
+    engine = tmp_path / "engine"
+    config = json.loads((exported / "config.json").read_text(encoding="utf-8"))["vision_config"]
+    blocks = int(config["depth"])
+    assert f"vision.onnx -> vision.onnx: {4 * blocks + 2} bfloat16 GEMMs" in build_cuda_engine(exported, engine, "--precision", "bf16")
+    model = onnx.load(str(engine / "vision.onnx"))
+    onnx.checker.check_model(model, full_check=True)
+    bfloat16 = {tensor.name for tensor in model.graph.initializer if tensor.data_type == TensorProto.BFLOAT16}
+    gemms = [node for node in model.graph.node if node.op_type == "Gemm"]
+    assert len(gemms) == 4 * blocks + 2 and all(node.input[1] in bfloat16 and node.input[2] in bfloat16 for node in gemms)
+    tower = VisionTower.load(config, omnijev_package / "vision.safetensors")
+    grid = (1, 14, 20)
+    feeds = example(tower, config, grid)
+    run = lambda graph: onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"]).run(None, feeds)[0]  # noqa: E731
+    float32 = run(str(exported / "vision.onnx"))
+    emulated = run(bfloat16_emulated(model, engine).SerializeToString())
+    expected = VisionTower(bfloat16_linears(tower.model))(Pixels(feeds["pixel_values"], grid, int(config["spatial_merge_size"])))
+    rounding, wiring = np.median(np.abs(emulated - float32)), np.median(np.abs(emulated - expected))
+    assert rounding > 1e-4 * np.abs(float32).max() and wiring < rounding / 5, (rounding, wiring)
