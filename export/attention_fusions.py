@@ -47,8 +47,9 @@ chunks and which TensorRT parses (no contrib op); any spelling other than the on
 scale position, a mask with a head axis, a softmax not over keys) is left as exported. It changes float32
 rounding only (``tests/test_attention_fusions.py`` holds the tiny member's graphs to it on the CPU EP).
 
-``s1omni build --backend onnxruntime --target cuda --fused-attention`` runs it (opt-in: it has not run on a
-GPU; the manifest and ``build --json`` say ``fused_attention``). CPU and TensorRT builds refuse the option:
+``s1omni build --backend onnxruntime --target cuda --fused-attention`` runs it (opt-in: on the H200, ONNX
+Runtime 1.31.1's CUTLASS kernel refused the float32 call at head size 256; the manifest and ``build --json``
+say ``fused_attention``). CPU and TensorRT builds refuse the option:
 TensorRT parses no contrib op, and CPU engines run the portable graphs, which attend in chunks already.
 """
 

@@ -20,7 +20,8 @@ execution provider options to run them with:
   projections that read one activation into one GEMM each (``s1omni.export.merged_projections``); fp32 and tf32
   builds keep the exported graph's. ``--fused-mixers``, at every precision, is opt-in until H200 records validate
   it too: each Gated DeltaNet short convolution and gated output norm becomes one contrib op
-  (``s1omni.export.mixer_fusions``). ``--fused-attention`` (every precision, opt-in: it has not run on a GPU)
+  (``s1omni.export.mixer_fusions``). ``--fused-attention`` (every precision, opt-in: ONNX Runtime 1.31.1's
+  CUTLASS kernel refused its float32 call on the H200 at head size 256, ``docs/validation.md``)
   makes each full-attention layer's scores, mask, softmax and weighted sum one ``MultiHeadAttention``
   (``s1omni.export.attention_fusions``). TF32 matmuls are
   faster but flipped 2 of 24 span sets of the 0.8B synthetic member on the H200, a GPU-gate miss
