@@ -12,7 +12,6 @@ it measured; the plot (``bench.png``) is drawn at the end.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -26,7 +25,6 @@ from s1omni.runtime.package import detect_family
 from s1omni.runtime.progress import note, track
 from s1omni.runtime.registry import Registry
 from s1omni.runtime.runners.torch_runner import release_gpu_memory
-from s1omni.server.config import ServeConfig
 
 from . import http_load, records, references, workloads as catalogue
 from .http_load import EXACT, SHARED_CONTEXT, BenchFailed
@@ -58,6 +56,7 @@ class Settings:
     http_profile: str = "exact"  # options.profile of every HTTP request; each server is started with it enabled
     concurrency: tuple[int, ...] = (1, 8, 16)
     serve_args: tuple[str, ...] = ()
+    instances: int = 1  # the model instances each server runs with serve_args (its --instances): each is warmed
     profile: str | None = None  # a workload name: profiled on the first engine (the reference without one)
     allow_unvalidated: bool = False  # in process only: `s1omni serve` refuses such engines, so --http skips them
     registry: str | None = None
@@ -239,17 +238,10 @@ def http(
             record["member"] = record["member"] or member_facts(card)
             body = http_load.request_body(chosen.body, served, family)
             section["runs"] += http_load.measure(server, body, served, settings.concurrency, settings.requests, settings.warmup, note,
-                                                 served_instances(settings.serve_args))  # fmt: skip
+                                                 settings.instances)  # fmt: skip
         records.write(record, settings.out)
     section["ratios"] = http_ratios(section["runs"])
     record["failures"] = sum(sum(run["failures"].values()) for run in section["runs"])
-
-
-def served_instances(serve_args: Sequence[str]) -> int:
-    """The model instances ``s1omni serve`` runs with ``serve_args`` among its arguments (``--instances``)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--instances", type=int, default=ServeConfig().instances)
-    return parser.parse_known_args(list(serve_args))[0].instances
 
 
 def http_ratios(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float | None]]]:

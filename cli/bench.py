@@ -76,6 +76,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_registry(parser)
 
 
+def served_instances(serve_args: list[str]) -> int:
+    """The model instances ``s1omni serve`` runs with ``serve_args`` among its arguments (its ``--instances``)."""
+    from s1omni.server.config import ServeConfig
+
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--instances", type=int, default=ServeConfig().instances)
+    return parser.parse_known_args(serve_args)[0].instances
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     from datetime import UTC, datetime
@@ -102,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         http_profile=args.http_profile,
         concurrency=args.concurrency,
         serve_args=tuple(args.serve_arg),
+        instances=served_instances(args.serve_arg),
         profile=args.profile,
         allow_unvalidated=args.allow_unvalidated,
         registry=args.registry,

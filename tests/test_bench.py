@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from s1omni.bench.run import http_ratios, served_instances, subject_names
+from s1omni.bench.run import http_ratios, subject_names
+from s1omni.cli.bench import served_instances
 from s1omni.bench.http_load import request_body, server_timing
 from s1omni.bench.stats import nearest_rank, ratios, summarize
 from s1omni.bench.workloads import REFERENCE, backbone, measure, named
