@@ -69,8 +69,10 @@ class Bf16Weights:
         self.offsets: dict[tuple[int | str, ...], int] = {}
         self.lengths: dict[tuple[int | str, ...], int] = {}
 
-    def rounded(self, weight: onnx.TensorProto) -> onnx.TensorProto:
-        return self.concatenated([weight], weight.name)
+    def rounded(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        """The float32 ``tensor`` (any shape: a matrix or a bias) rounded, as the bfloat16 initializer of its name."""
+        return self.placed(tensor.name, TensorProto.BFLOAT16, tensor.dims,
+                           lambda: bfloat16_bits(float32_array(tensor, self.source_dir)).tobytes(), [tensor])  # fmt: skip
 
     def concatenated(self, parts: Sequence[onnx.TensorProto], name: str) -> onnx.TensorProto:
         """The float32 matrices ``parts`` side by side (``s1omni.export.merged_projections``), each rounded,
@@ -143,13 +145,8 @@ def use_bf16_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
     matrices = weight_matrices(graph, "bf16", lambda tensor: tensor.data_type in (TensorProto.FLOAT, TensorProto.BFLOAT16), ("MatMul", "Gemm"))
     biases = _gemm_biases(graph, matrices)
 
-    def rounded(tensor: onnx.TensorProto) -> onnx.TensorProto:
-        if tensor.name in biases:
-            return weights.placed(tensor.name, TensorProto.BFLOAT16, tensor.dims,
-                                  lambda: bfloat16_bits(float32_array(tensor, weights.source_dir)).tobytes(), [tensor])  # fmt: skip
-        return weights.rounded(tensor) if tensor.name in matrices and tensor.data_type == TensorProto.FLOAT else tensor
-
-    initializers = [rounded(tensor) for tensor in graph.initializer]
+    rounding = biases | {name for name, tensor in matrices.items() if tensor.data_type == TensorProto.FLOAT}
+    initializers = [weights.rounded(tensor) if tensor.name in rounding else tensor for tensor in graph.initializer]
     del graph.initializer[:]
     graph.initializer.extend(initializers)
     retyped = {tensor.name for tensor in initializers if tensor.data_type == TensorProto.BFLOAT16}
