@@ -36,7 +36,7 @@ PROFILE_ITERATIONS = 5
 MEMBER_KEYS = ("id", "family", "repo", "revision", "model_sha256", "manifest_sha256", "parameters", "weights")
 ENGINE_KEYS = (
     "backend", "target", "device", "precision", "recurrence", "gated_delta_kernel", "gated_delta_inputs", "op_fusion", "merged_projections",
-    "fused_mixers", "fused_attention", "cuda_graphs", "library", "library_version", "provider_options",
+    "fused_mixers", "fused_attention", "attention_inputs", "cuda_graphs", "library", "library_version", "provider_options",
 )  # fmt: skip
 
 
@@ -82,7 +82,8 @@ def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
     """``reference``, then ``backend/target[/kernel][/precision][/unfused][/graphs][/gdn16][/merged][/mixers]`` per
     engine, the precision where it is not float32, ``unfused`` for a CUDA build without op fusion, ``graphs`` for one
     replaying CUDA graphs, ``gdn16`` and ``merged`` for a bf16 build with float16 GatedDeltaNet inputs or merged
-    projections, ``mixers`` and ``attn`` for one with fused mixers or attention (numbered where two engines share one)."""
+    projections, ``mixers`` and ``attn`` for one with fused mixers or attention (``attn16``: its q/k/v in float16;
+    numbered where two engines share one)."""
     names = [REFERENCE]
     for manifest in manifests:
         precision = manifest.get("precision") if manifest.get("precision") != "fp32" else None
@@ -91,7 +92,7 @@ def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
         gdn16 = "gdn16" if manifest.get("gated_delta_inputs") == "fp16" else None
         merged = "merged" if manifest.get("merged_projections") else None
         mixers = "mixers" if manifest.get("fused_mixers") else None
-        attention = "attn" if manifest.get("fused_attention") else None
+        attention = ("attn16" if manifest.get("attention_inputs") == "fp16" else "attn") if manifest.get("fused_attention") else None
         parts = (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision, unfused, graphs, gdn16, merged, mixers,
                  attention)  # fmt: skip
         name = "/".join(part for part in parts if part)

@@ -8,7 +8,7 @@ HELP = "build an engine from an export directory: ONNX Runtime (cpu, cuda) or a 
 # The manifest fields --json reports beside the engine directory and its member.
 ENGINE_KEYS = (
     "backend", "target", "precision", "recurrence", "gated_delta_kernel", "gated_delta_inputs", "op_fusion", "merged_projections",
-    "fused_mixers", "fused_attention", "cuda_graphs",
+    "fused_mixers", "fused_attention", "attention_inputs", "cuda_graphs",
 )  # fmt: skip
 
 
@@ -68,9 +68,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--fused-attention",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="onnxruntime/cuda only, opt-in until validated on an H200: each full-attention layer's scores, mask, softmax "
-        "and weighted sum as one MultiHeadAttention (ONNX Runtime contrib op; the graph's own mask as its attention_bias), "
-        "no [rows, heads, S, T] float32 score tensors where its memory-efficient kernel runs",
+        help="onnxruntime/cuda only, opt-in: each full-attention layer's scores, mask, softmax and weighted sum as one "
+        "MultiHeadAttention (ONNX Runtime contrib op; the graph's own mask as its attention_bias, keys padded to a multiple "
+        "of 8), no [rows, heads, S, T] float32 score tensors where a fused kernel runs",
+    )
+    parser.add_argument(
+        "--attention-inputs",
+        choices=["fp16", "fp32"],
+        help="with --fused-attention: the type of its q, k, v and mask (default fp32; fp16, at --precision bf16 only, "
+        "runs the op on tensor cores between casts, its output cast back to float32)",
     )
     parser.add_argument(
         "--cuda-graphs",
@@ -92,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     out = build(
         args.export_dir, args.backend, args.target, out, args.precision, args.gated_delta_kernel, args.op_fusion, args.cuda_graphs,
         gated_delta_inputs=args.gated_delta_inputs, merged_projections=args.merged_projections, fused_mixers=args.fused_mixers,
-        fused_attention=args.fused_attention,
+        fused_attention=args.fused_attention, attention_inputs=args.attention_inputs,
     )  # fmt: skip
     manifest = read_manifest(out)
     result = {"engine": str(out), **{key: manifest.get(key) for key in ENGINE_KEYS}, "member": manifest["member"]}

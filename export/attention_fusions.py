@@ -27,44 +27,66 @@ which the sigmoid output gate reads as before. The op's contract, as used here:
   the graph's, whatever they are; ``unidirectional`` stays 0 and no ``key_padding_mask`` is given;
 - ``scale`` is the graph's ``Mul`` constant (``head_dim ** -0.5`` here, which is also the op's default).
 
-The mask goes in clamped at -1e30 (one ``Max`` per mask, shared by the layers). The CUDA EP's CUTLASS
+The mask goes in clamped at a finite floor (``SAFE_MASK``: -1e30 for float32 inputs, -6e4 for float16, whose
+largest magnitude is 65,504), once per mask and shared by the layers. The CUDA EP's CUTLASS
 memory-efficient kernel multiplies scores by log2(e), so the float32 ``lowest()`` the export masks with
 becomes -inf and a fully masked row (a left-padded prefill row's padding queries) divides 0 by 0
 (``microsoft/onnxruntime:onnxruntime/contrib_ops/cuda/bert/cutlass_fmha/memory_efficient_attention.h``,
 ``kCutlassSafeMaskFilterValue``); those rows' NaNs would reach the real tokens through the next layers
-(``0 · NaN`` is NaN). Any finite score stays ``-1e30`` away from it either way, so ``exp`` of a masked
-score underflows to 0 as before, and a fully masked row is still the uniform average.
+(``0 · NaN`` is NaN). A masked score stays a floor's width below any real one either way, so its
+``exp`` underflows to 0 as before, and a fully masked row is still the uniform average.
+
+The key count the op sees is padded up to a multiple of ``KEY_MULTIPLE`` (8): keys and values with zeros, the
+bias at the floor, so a padding key takes no weight from any real query. The CUTLASS kernel reads the bias
+rows in 16-byte vectors, so its row stride (the key count) must be a multiple of 4 float32 or 8 float16
+elements; on the H200 the float32 op without this padding failed ``Attention::check_supported`` at its first
+validation forward (``benchmarks/README.md``, ``h200-0.8B-mixers-instances2``), and with it passed. The padding queries' rows now average over the
+padding keys too; they are read by nothing.
+
+``inputs`` (``--attention-inputs``, bf16 builds only) picks the op's type: ``fp32`` keeps the graph's
+float32; ``fp16`` casts q, k, v and the bias to float16 and the output back to float32, so the op runs on
+tensor cores: on the H200 ONNX Runtime 1.31.1 then takes cuDNN's flash SDPA kernel for it
+(``cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16``; ``benchmarks/h200-0.8B-attn16``).
+bfloat16 is not offered: the CUDA ``MultiHeadAttention`` registers float and float16 only.
 
 Which CUDA kernel runs is the op's choice (``microsoft/onnxruntime:onnxruntime/contrib_ops/cuda/bert/multihead_attention.cc``):
-flash attention and the TensorRT kernels are float16-only and take no ``attention_bias``; float32 gets the
-memory-efficient (CUTLASS) kernel when the query or key length is at least 256
-(``ORT_MIN_SEQ_LEN_EFFICIENT_ATTENTION_FP32``) and, with a bias, the query length is a multiple of 16;
-otherwise the op's unfused kernel, which still holds one ``[B, N, S, T]`` float32 score tensor (the graph
-held several). So the memory win needs query widths that are multiples of 16: with ``--cuda-graphs`` every width over
-128 rounds up to one (``s1omni.runtime.runners.cuda_graphs.bucket``: steps of 16 up to 256, 32 up to 512, ...),
-so the long calls qualify; shorter calls gain fewer launches only. Not covered: the portable (``Scan``, chunked) graphs, which already attend in
-chunks and which TensorRT parses (no contrib op); any spelling other than the one above (a different
-scale position, a mask with a head axis, a softmax not over keys) is left as exported. It changes float32
-rounding only (``tests/test_attention_fusions.py`` holds the tiny member's graphs to it on the CPU EP).
+flash attention and the TensorRT kernels take no ``attention_bias``; float32 gets the memory-efficient
+(CUTLASS) kernel when the query or key length is at least 256 (``ORT_MIN_SEQ_LEN_EFFICIENT_ATTENTION_FP32``)
+and, with a bias, the query length is a multiple of 16 (8 for float16); otherwise the op's unfused kernel,
+which still holds one ``[B, N, S, T]`` score tensor (the graph held several). With ``--cuda-graphs`` every
+width over 128 rounds up to a multiple of 16 (``s1omni.runtime.runners.cuda_graphs.bucket``: steps of 16 up
+to 256, 32 up to 512, ...), so the long calls qualify. Not covered: the portable (``Scan``, chunked) graphs,
+which already attend in chunks and which TensorRT parses (no contrib op); any spelling other than the one
+above (a different scale position, a mask with a head axis, a softmax not over keys) is left as exported. On
+the CPU EP the float32 op changes float32 rounding only, and the float16 one answers the same (ONNX Runtime's
+CPU EP runs the op in float32 and drops the round-trip casts); ``tests/test_attention_fusions.py`` holds both
+to that and runs both on the CUDA EP on the device.
 
-``s1omni build --backend onnxruntime --target cuda --fused-attention`` runs it (opt-in: on the H200, ONNX
-Runtime 1.31.1's CUTLASS kernel refused the float32 call at head size 256; the manifest and ``build --json``
-say ``fused_attention``). CPU and TensorRT builds refuse the option:
-TensorRT parses no contrib op, and CPU engines run the portable graphs, which attend in chunks already.
+``s1omni build --backend onnxruntime --target cuda --fused-attention [--attention-inputs fp16]`` runs it
+(opt-in; the manifest and ``build --json`` say ``fused_attention`` and ``attention_inputs``). On the H200 the
+0.8B's bf16 engine PASSED ``gpu-reduced`` with it in either type; float16 took the router request from 90.8 to
+88.2 ms and eight merged ones from 469 to 411 ms. CPU and TensorRT builds refuse the option: TensorRT parses no
+contrib op, and CPU engines run the portable graphs, which attend in chunks already.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite, other_input
+from .cuda_kernels import INPUT_TYPES
 from .naming import CONTRIB_DOMAIN
 
-SAFE_MASK = -1.0e30  # the most negative bias the CUDA kernel takes without a fully masked row's NaN (see above)
+# The most negative bias the CUDA kernel takes without a fully masked row's NaN, per type of the op's inputs
+# (see above): float16's largest finite magnitude is 65,504.
+SAFE_MASK = {"fp32": -1.0e30, "fp16": -6.0e4}
+# The key count the op sees is padded up to a multiple of this: the CUTLASS kernel reads bias rows in 16-byte
+# vectors, so its row stride (the key count) must be a multiple of 4 float32 or 8 float16 elements (see above).
+KEY_MULTIPLE = 8
 
 
 def _perm(node: onnx.NodeProto | None, perm: list[int]) -> bool:
@@ -107,31 +129,78 @@ class _Core:
             self.nodes = chain
 
 
-def _cores(index: GraphIndex, producers: dict[str, onnx.NodeProto], graph: onnx.GraphProto) -> Iterator[Replacement]:
-    """Each attention core as ``MultiHeadAttention``, its query reshaped to ``[B, S, N·D]``; each mask
-    clamped once, where its first core stood."""
-    cores = [core for node in graph.node if node.op_type == "Softmax" and not node.domain for core in [_Core(index, producers, node)] if core.nodes]
-    safe: dict[str, onnx.NodeProto] = {}
-    for core in cores:
-        tag = core.output
-        shape = f"{tag}.query_shape"
-        graph.initializer.append(numpy_helper.from_array(np.array([0, 0, core.heads * core.size], np.int64), shape))
-        new = [
-            helper.make_node("Transpose", [core.query], [f"{tag}.query_bsnh"], name=f"{tag}/query/Transpose", perm=[0, 2, 1, 3]),
-            helper.make_node("Reshape", [f"{tag}.query_bsnh", shape], [f"{tag}.query"], name=f"{tag}/query/Reshape"),
-        ]
-        if core.mask not in safe:
-            floor = f"{core.mask}.floor"
-            graph.initializer.append(numpy_helper.from_array(np.array(SAFE_MASK, np.float32), floor))
-            safe[core.mask] = helper.make_node("Max", [core.mask, floor], [f"{core.mask}.safe"], name=f"{core.mask}/Max")
-            new.insert(0, safe[core.mask])
-        new.append(helper.make_node(
-            "MultiHeadAttention", [f"{tag}.query", core.key, core.value, "", "", safe[core.mask].output[0]], [core.output],
-            name=f"{tag}/MultiHeadAttention", domain=CONTRIB_DOMAIN, num_heads=core.heads, scale=core.scale,
-        ))  # fmt: skip
-        yield core.nodes, new
+def _shared(graph: onnx.GraphProto, name: str, value: np.ndarray) -> str:
+    """An initializer every core of the graph may read, added once."""
+    if all(tensor.name != name for tensor in graph.initializer):
+        graph.initializer.append(numpy_helper.from_array(value, name))
+    return name
 
 
-def fuse_attention(model: onnx.ModelProto) -> int:
-    """Rewrite ``model`` in place with each attention core as one ``MultiHeadAttention``; returns how many."""
-    return contrib_rewrite(model, _cores)
+def _mask_nodes(graph: onnx.GraphProto, mask: str, inputs: str) -> tuple[list[onnx.NodeProto], str, str]:
+    """The nodes that ready one mask for the op, once for every core that reads it: clamped at the type's safe
+    bias, its keys padded to ``KEY_MULTIPLE`` at that bias, in ``inputs``'s type. Returns them, the op's bias
+    and the ``[0, pad]`` pads that every core's keys and values (and the mask) take on their key axis."""
+    floor = _shared(graph, f"{mask}.floor.{inputs}", np.array(SAFE_MASK[inputs], np.float32))
+    multiple = _shared(graph, "attention.key_multiple", np.array([KEY_MULTIPLE], np.int64))
+    zero = _shared(graph, "attention.no_pad", np.array([0], np.int64))
+    keys_axis = _shared(graph, "attention.mask_key_axis", np.array([3], np.int64))
+    pads, bias = f"{mask}.key_pads", f"{mask}.bias.{inputs}"
+    nodes = [
+        helper.make_node("Max", [mask, floor], [f"{mask}.safe.{inputs}"], name=f"{mask}/{inputs}/Max"),
+        helper.make_node("Shape", [mask], [f"{mask}.keys"], name=f"{mask}/keys/Shape", start=3, end=4),
+        helper.make_node("Neg", [f"{mask}.keys"], [f"{mask}.keys_neg"], name=f"{mask}/keys/Neg"),
+        # Mod's result takes the divisor's sign: (-T) mod 8, the keys short of a multiple of 8, 0 to 7
+        helper.make_node("Mod", [f"{mask}.keys_neg", multiple], [f"{mask}.key_pad"], name=f"{mask}/key_pad/Mod"),
+        helper.make_node("Concat", [zero, f"{mask}.key_pad"], [pads], name=f"{mask}/key_pads/Concat", axis=0),
+        helper.make_node("Pad", [f"{mask}.safe.{inputs}", pads, floor, keys_axis], [f"{mask}.padded.{inputs}"], name=f"{mask}/{inputs}/Pad"),
+    ]
+    if inputs == "fp32":
+        nodes[-1].output[0] = bias
+    else:
+        nodes.append(helper.make_node("Cast", [f"{mask}.padded.{inputs}"], [bias], name=f"{mask}/{inputs}/Cast", to=INPUT_TYPES[inputs]))
+    return nodes, bias, pads
+
+
+def _cores(inputs: str) -> Callable[[GraphIndex, dict[str, onnx.NodeProto], onnx.GraphProto], Iterator[Replacement]]:
+    """Each attention core as ``MultiHeadAttention`` in ``inputs``'s type, its query reshaped to ``[B, S, N·D]``,
+    its keys and values padded; each mask readied once, where its first core stood."""
+    island = INPUT_TYPES[inputs] != onnx.TensorProto.FLOAT
+
+    def cores(index: GraphIndex, producers: dict[str, onnx.NodeProto], graph: onnx.GraphProto) -> Iterator[Replacement]:
+        found = [core for node in graph.node if node.op_type == "Softmax" and not node.domain for core in [_Core(index, producers, node)] if core.nodes]
+        masks: dict[str, tuple[str, str]] = {}
+        key_axis = _shared(graph, "attention.key_axis", np.array([2], np.int64)) if found else ""
+        for core in found:
+            tag = core.output
+            shape = _shared(graph, f"{tag}.query_shape", np.array([0, 0, core.heads * core.size], np.int64))
+            new = [
+                helper.make_node("Transpose", [core.query], [f"{tag}.query_bsnh"], name=f"{tag}/query/Transpose", perm=[0, 2, 1, 3]),
+                helper.make_node("Reshape", [f"{tag}.query_bsnh", shape], [f"{tag}.query"], name=f"{tag}/query/Reshape"),
+            ]
+            if core.mask not in masks:
+                nodes, *masks[core.mask] = _mask_nodes(graph, core.mask, inputs)
+                new[:0] = nodes
+            bias, pads = masks[core.mask]
+            query, key, value = f"{tag}.query", core.key, core.value
+            if island:
+                new += [helper.make_node("Cast", [name], [f"{tag}.{role}.{inputs}"], name=f"{tag}/{role}/Cast", to=INPUT_TYPES[inputs])
+                        for role, name in (("query", query), ("key", key), ("value", value))]  # fmt: skip
+                query, key, value = (f"{tag}.{role}.{inputs}" for role in ("query", "key", "value"))
+            new += [helper.make_node("Pad", [name, pads, "", key_axis], [f"{tag}.{role}.padded"], name=f"{tag}/{role}/Pad")
+                    for role, name in (("key", key), ("value", value))]  # fmt: skip
+            attended = f"{tag}.attended.{inputs}" if island else core.output
+            new.append(helper.make_node(
+                "MultiHeadAttention", [query, f"{tag}.key.padded", f"{tag}.value.padded", "", "", bias], [attended],
+                name=f"{tag}/MultiHeadAttention", domain=CONTRIB_DOMAIN, num_heads=core.heads, scale=core.scale,
+            ))  # fmt: skip
+            if island:
+                new.append(helper.make_node("Cast", [attended], [core.output], name=f"{tag}/attended/Cast", to=onnx.TensorProto.FLOAT))
+            yield core.nodes, new
+
+    return cores
+
+
+def fuse_attention(model: onnx.ModelProto, inputs: str = "fp32") -> int:
+    """Rewrite ``model`` in place with each attention core as one ``MultiHeadAttention`` whose q, k, v and bias
+    are in ``inputs``'s type (``INPUT_TYPES``: float32, or float16 between casts); returns how many."""
+    return contrib_rewrite(model, _cores(inputs))

@@ -128,11 +128,11 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
 
 def _graph_rewrites(
     target: str, kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool,
-    weights: Bf16Weights, fp8_weights: Bf16Weights, mixers: bool, attention: bool,
+    weights: Bf16Weights, fp8_weights: Bf16Weights, mixers: bool, attention: str | None,
 ) -> dict[str, Callable[[onnx.ModelProto], int]]:
     """What a build rewrites in each backbone graph, in order: on the CPU its exponentials in float64
     (``s1omni.export.cpu_exp``), else the Gated DeltaNet kernel (its q/k/v in
-    ``inputs``), the fused mixers and attention (they match the spelling the export wrote), the norms and sigmoids, the
+    ``inputs``), the fused mixers and attention (its q/k/v in ``attention``; they match the spelling the export wrote), the norms and sigmoids, the
     merged projections, then the GEMMs' precision (merged weights are rounded as they are concatenated, so
     only bf16 builds merge; fp8 builds run the GEMMs float8 cannot take in bfloat16)."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
@@ -144,7 +144,7 @@ def _graph_rewrites(
         rewrites["CausalConvWithState nodes"] = fuse_short_convolutions
         rewrites["GatedRMSNorm nodes"] = fuse_gated_norms
     if attention:
-        rewrites["MultiHeadAttention nodes"] = fuse_attention
+        rewrites["MultiHeadAttention nodes"] = lambda graph: fuse_attention(graph, attention)
     if op_fusion:
         rewrites["fused norms"] = fuse_norms
         rewrites["sigmoids"] = fuse_sigmoids
@@ -167,6 +167,17 @@ def _gated_delta_inputs(requested: str | None, kernel: str | None, precision: st
     if requested == "fp16" and not reduced:
         raise UsageError("--gated-delta-inputs fp16 is for --precision bf16 builds with the GatedDeltaNet kernel")
     return requested or "fp32"
+
+
+def _attention_inputs(requested: str | None, fused: bool, precision: str) -> str | None:
+    """The type of the fused attention's q/k/v (None: not fused): float32 unless float16 is asked for (bf16 builds only)."""
+    if requested not in (None, *INPUT_TYPES):
+        raise UsageError(f"--attention-inputs is one of {', '.join(INPUT_TYPES)}")
+    if requested and not fused:
+        raise UsageError("--attention-inputs is the type of --fused-attention's q, k and v: add --fused-attention")
+    if requested == "fp16" and precision != "bf16":
+        raise UsageError("--attention-inputs fp16 is for --precision bf16 builds (fp32 and tf32 builds keep the graph's float32)")
+    return (requested or "fp32") if fused else None
 
 
 def tensorrt_profiles(export_dir: Path, max_tokens: int) -> dict[str, dict[str, tuple[int, int, int]]]:
@@ -195,6 +206,7 @@ def build(
     merged_projections: bool = False,
     fused_mixers: bool = False,
     fused_attention: bool = False,
+    attention_inputs: str | None = None,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
@@ -202,7 +214,8 @@ def build(
     on for onnxruntime/cuda), ``gated_delta_inputs``, the type of GatedDeltaNet's q/k/v
     (``s1omni.export.cuda_kernels.INPUT_TYPES``; None: fp32), ``merged_projections``
     (``s1omni.export.merged_projections``; bf16 builds only), ``fused_mixers``
-    (``s1omni.export.mixer_fusions``) and ``fused_attention`` (``s1omni.export.attention_fusions``)."""
+    (``s1omni.export.mixer_fusions``), ``fused_attention`` (``s1omni.export.attention_fusions``) and ``attention_inputs``,
+    the type of its q/k/v (``INPUT_TYPES``; None: fp32)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -236,8 +249,9 @@ def build(
             op_fusion = op_fusion and target == "cuda"
             inputs = _gated_delta_inputs(gated_delta_inputs, kernel, precision)
             merged_projections = merged_projections and precision == "bf16"
+            attention = _attention_inputs(attention_inputs, fused_attention, precision)
             rewrites = _graph_rewrites(target, kernel, inputs, precision, recurrence, op_fusion, merged_projections,
-                                       Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers, fused_attention)  # fmt: skip
+                                       Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers, attention)  # fmt: skip
             for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:
                     progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...")
@@ -270,6 +284,7 @@ def build(
                 "merged_projections": merged_projections,
                 "fused_mixers": fused_mixers,
                 "fused_attention": fused_attention,
+                "attention_inputs": attention,
                 "cuda_graphs": cuda_graphs,
                 "provider_options": ORT_PRECISIONS[target][precision],
             }

@@ -19,7 +19,7 @@
 #   build     ONNX Runtime CUDA engines: one per $KERNELS (GatedDeltaNet, LinearAttention) and $PRECISIONS
 #             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16; tf32; suffixes: "/unfused" builds
 #             with --no-op-fusion, "/graphs" with --cuda-graphs, "/gdn16" with --gated-delta-inputs fp16, "/merged" with --merged-projections,
-#             "/mixers" with --fused-mixers, "/attn" with --fused-attention,
+#             "/mixers" with --fused-mixers, "/attn" with --fused-attention, "/attn16" with it in float16 (bf16 builds),
 #             e.g. fp32/graphs; a bf16 before/after run: PRECISIONS=bf16/graphs,bf16/graphs/gdn16,bf16/graphs/gdn16/merged)
 #   validate  each engine at the GPU gate against the float32 torch reference on the same GPU
 #   merged    each engine's merged forwards against its forwards alone (s1omni validate --merged $MERGED, 8 by
@@ -73,9 +73,9 @@ variants=()  # kernel:precision
 for kernel in ${kernels//,/ }; do
   for precision in ${precisions//,/ }; do variants+=("$kernel:$precision"); done
 done
-# kernel:precision[/unfused][/graphs][/gdn16][/merged][/mixers][/attn] -> kernel[-precision][-unfused][-graphs][-gdn16][-merged][-mixers][-attn],
+# kernel:precision[/unfused][/graphs][/gdn16][/merged][/mixers][/attn|/attn16] -> kernel[-precision][-unfused]...[-attn|-attn16],
 # the precision where it is not fp32
-SUFFIXES=(unfused graphs gdn16 merged mixers attn)
+SUFFIXES=(unfused graphs gdn16 merged mixers attn attn16)
 has() { [[ "/$1/" == *"/$2/"* ]]; }
 name() {
   local p=${1#*:} n=${1%:*} suffix
@@ -124,6 +124,7 @@ if wants build; then
     if has "$precision" merged; then flags+=(--merged-projections); fi
     if has "$precision" mixers; then flags+=(--fused-mixers); fi
     if has "$precision" attn; then flags+=(--fused-attention); fi
+    if has "$precision" attn16; then flags+=(--fused-attention --attention-inputs fp16); fi
     s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "${variant%:*}" --precision "${precision%%/*}" \
       "${flags[@]}" --out "$(engine "$variant")"
   done
