@@ -20,11 +20,12 @@ from tokenizers import Tokenizer
 from ..engine import engine_runner
 from ..identity import Identity
 from ..runners.capture_lock import device_run
-from ..runners.onnxruntime_runner import providers
+from ..runners.onnxruntime_runner import device_of, providers
 from .heads import Heads
 from .image import Pixels, Processor
 from .model import PROCESSOR_CONFIG, OmniJevModel, Release
 from .vision import grid_inputs
+from .vocabulary import EngineLogProbs
 
 VISION_GRAPH = "vision.onnx"
 EMBEDDING = "embedding.safetensors"  # the tied embedding [vocabulary, hidden], float32
@@ -37,9 +38,7 @@ class VisionSession:
 
     def __init__(self, path: Path, config: dict[str, Any], device: str = "cpu", provider_options: dict[str, Any] | None = None):
         """``provider_options``: the engine manifest's, so the tower runs at the backbone's precision."""
-        device_id = int(str(device).partition(":")[2] or 0)
-        kind = "cuda" if str(device).startswith("cuda") else "cpu"
-        self.session = onnxruntime.InferenceSession(str(path), providers=providers(kind, device_id, provider_options or {}))
+        self.session = onnxruntime.InferenceSession(str(path), providers=providers(*device_of(device), provider_options or {}))
         self.config = config
 
     @device_run
@@ -67,5 +66,5 @@ def load_engine(path: Path, manifest: dict[str, Any], device: str = "cpu") -> Om
         VisionSession(path / VISION_GRAPH, config["vision_config"], device, manifest.get("provider_options")),
         engine_runner(path, manifest, device, embedding),
         Heads.load(path / "heads.safetensors"),
-        embedding,
+        EngineLogProbs(embedding, device, manifest.get("provider_options")),
     )

@@ -11,13 +11,16 @@ both); ``finish`` calibrates and answers in the request's key order. This is ``M
 forward per row, for checking that reuse changes nothing (on the torch reference runner).
 
 The same class serves a package on the torch reference (``from_package``) and an engine
-(``s1omni.runtime.omnijev.engine``): only the vision tower, the backbone runner and where the tied
-embedding comes from differ.
+(``s1omni.runtime.omnijev.engine``): only the vision tower, the backbone runner and what takes the
+option-text log-probabilities against the tied embedding differ (the reference's numpy
+``features.token_logprobs``; an engine's ``vocabulary.EngineLogProbs``, the same arithmetic in its
+execution provider).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import io
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +50,8 @@ PROCESSOR_CONFIG = "preprocessor_config.json"
 ROWS_PER_BATCH = 64
 # The vision tower: the processor's patches in, one embedding per image placeholder out.
 Vision = Callable[[Pixels], np.ndarray]
+# log p(tokens[i] | hidden[i]) under the tied embedding: states [N, hidden] and token ids [N] in, float32 [N] out.
+LogProbs = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -158,7 +163,7 @@ class OmniJevModel:
         vision: Vision,
         runner: BackboneRunner,
         heads: Heads,
-        embedding: np.ndarray,
+        logprobs: LogProbs,
     ):
         self.identity = identity
         self.id = release.model_id
@@ -172,8 +177,7 @@ class OmniJevModel:
         self.calibration = release.calibration
         self.token_ids = release.token_ids
         self.names = contract.served_names(self.id, identity.name)
-        # The tied embedding ``[vocabulary, hidden]``, float32: the LM head of the option-text log-probabilities.
-        self.embedding = embedding
+        self.logprobs = logprobs
 
     @classmethod
     def from_package(cls, package: VerifiedPackage, device: str = "cpu", precision: str | None = None) -> OmniJevModel:
@@ -193,7 +197,7 @@ class OmniJevModel:
             VisionTower.load(config["vision_config"], root / "vision.safetensors", device, runner.precision),
             runner,
             Heads.load(root / "heads.safetensors"),
-            backbone.embed_tokens.weight.detach().float().cpu().numpy(),
+            functools.partial(token_logprobs, backbone.embed_tokens.weight.detach().float().cpu().numpy()),
         )
 
     def card(self) -> dict[str, Any]:
@@ -355,8 +359,7 @@ class OmniJevModel:
                 if row.first is not None:
                     states.append(row_read.zq)
                     tokens.append(row.first)
-        hidden = np.asarray(states, np.float32).reshape(len(states), self.embedding.shape[1])
-        logprobs = iter(token_logprobs(self.embedding, hidden, np.asarray(tokens, np.int64)))
+        logprobs = iter(self.logprobs(np.stack(states), np.asarray(tokens, np.int64)) if states else ())
         out = []
         for question, rows, read in zip(plan.questions, plan.layout.rows, readouts, strict=True):
             zq = read[0].zq  # the question's zq is its first row's, as the reference takes it

@@ -51,10 +51,12 @@ from .capture_lock import device_run
 from .cuda_graphs import UNCAPTURED, Graph, GraphedSession, bucket, run_options
 from .packing import pack_blocks
 
+# The opset and IR version of the small graphs the runtime writes itself (the row gather here, OmniJev's
+# option log-probabilities): onnx writes its newest IR version by default; ONNX Runtime reads up to its own.
 GATHER_OPSET = 18
+GATHER_IR_VERSION = 8
 # A continue call may pad its blocks to at most this many times their tokens; wider spreads split.
 PADDING_SLACK = 1.25
-GATHER_IR_VERSION = 8  # onnx writes its newest IR version by default; ONNX Runtime reads up to its own
 # The reference's exact batching of a request's trees (vela2-decoder.md §2.9, from
 # vllm-project/semantic-router:src/model-runtime/vllm_srun/families/vela2/members.py): a batch closes
 # before it would pass 32 trees, or its widest tree x its tree count would pass 24,576 tokens.
@@ -71,6 +73,12 @@ class PrefixState:
     starts: np.ndarray  # int64 [B]: the position each prefix's blocks start at
     graph: Graph | None = None  # the CUDA graph whose buffers hold ``values``
     graph_run: int = 0  # ``graph.runs`` when they were written
+
+
+def device_of(device: str) -> tuple[str, int]:
+    """``cpu``, ``cuda`` or ``cuda:N`` as ONNX Runtime takes it: the kind (``cpu`` or ``cuda``) and the device id."""
+    kind, _, index = str(device).partition(":")
+    return ("cuda" if kind == "cuda" else "cpu"), int(index or 0)
 
 
 def providers(device: str, device_id: int, options: Mapping[str, object]) -> list:
@@ -162,9 +170,8 @@ class OnnxRuntimeRunner:
         ``precision``, ``provider_options`` and ``cuda_graphs``: the engine manifest's (``s1omni.export.build``).
         ``cuda_graphs`` on the CPU runs the same bucketed fixed-buffer path with nothing to capture."""
         engine_dir = Path(engine_dir)
-        self.device = "cuda" if str(device).startswith("cuda") else "cpu"
+        self.device, self._device_id = device_of(device)
         self.precision = precision
-        self._device_id = int(str(device).partition(":")[2] or 0)
         chosen = providers(self.device, self._device_id, provider_options or {})
         capture = {"enable_cuda_graph": 1} if cuda_graphs and self.device == "cuda" else {}
         backbone = providers(self.device, self._device_id, {**(provider_options or {}), **capture})
