@@ -16,7 +16,10 @@ The rewrite keeps everything but that core: ``q`` goes to ``[B, S, N·D]`` (``Tr
 ``MultiHeadAttention(q, k, v, attention_bias=mask)`` (``com.microsoft``, CPU and CUDA kernels in ONNX
 Runtime 1.31; its schema prints from ``onnxruntime.capi.onnxruntime_pybind11_state.get_all_operator_schema()``,
 ``microsoft/onnxruntime:docs/ContribOperators.md``) writes the ``[B, S, N·D]`` the graph's ``Reshape`` did,
-which the sigmoid output gate reads as before. The op's contract, as used here:
+which the sigmoid output gate reads as before. OmniJev's vision tower attends in the same spelling, one image a
+call (batch 1, its block-diagonal mask over the images' patches), and reshapes to ``[S, N·D]``: there the op's
+output loses its batch axis (``Squeeze``). ``s1omni build`` rewrites ``vision.onnx`` with the backbone graphs. The
+op's contract, as used here:
 
 - ``query`` ``[B, S, N·D]``; ``key``/``value`` 4-D are taken as ``[B, N, T, D]`` (its "past_key" layout,
   ``Q_K_V_BSNH_BNSH_BNSH`` in ``microsoft/onnxruntime:onnxruntime/contrib_ops/cpu/bert/multihead_attention_helper.h``),
@@ -98,6 +101,7 @@ class _Core:
 
     def __init__(self, index: GraphIndex, producers: dict[str, onnx.NodeProto], softmax: onnx.NodeProto):
         self.nodes: list[onnx.NodeProto] = []
+        self.flat = False
         add = producers.get(softmax.input[0])
         scale = next((producers[i] for i in add.input if i in producers and producers[i].op_type == "Mul"), None) if add and add.op_type == "Add" else None
         scores = scale and next((producers[i] for i in scale.input if i in producers and producers[i].op_type == "MatMul"), None)
@@ -118,12 +122,15 @@ class _Core:
             return
         batch, heads, length, size = query
         self.heads, self.size = heads, size
+        # A vision tower's one image a call: its output drops the batch axis ([S, N·D]), which the op's then does.
+        self.flat = batch == 1 and output == [length, heads * size]
         shapes = {
             "q, k and v share batch, heads and head size": key[0] == value[0] == batch and key[1] == value[1] == heads and key[3] == value[3] == size,
             "k and v share the keys": key[2] == value[2],
             "the mask is [B or 1, 1, S, T]": mask[0] in (batch, 1) and mask[1] == 1 and mask[2:] == [length, key[2]],
             "the softmax is over the keys": attribute(softmax, "axis", -1) in (-1, 3),
-            "the output is [B, S, N·D]": isinstance(heads, int) and isinstance(size, int) and output == [batch, length, heads * size],
+            "the output is [B, S, N·D] (or [S, N·D] at B = 1)": isinstance(heads, int) and isinstance(size, int)
+            and (output == [batch, length, heads * size] or self.flat),
         }
         if all(shapes.values()):
             self.nodes = chain
@@ -188,13 +195,17 @@ def _cores(inputs: str) -> Callable[[GraphIndex, dict[str, onnx.NodeProto], onnx
                 query, key, value = (f"{tag}.{role}.{inputs}" for role in ("query", "key", "value"))
             new += [helper.make_node("Pad", [name, pads, "", key_axis], [f"{tag}.{role}.padded"], name=f"{tag}/{role}/Pad")
                     for role, name in (("key", key), ("value", value))]  # fmt: skip
-            attended = f"{tag}.attended.{inputs}" if island else core.output
+            result = f"{tag}.attended" if core.flat else core.output  # [B, S, N·D] float32
+            attended = f"{tag}.attended.{inputs}" if island else result
             new.append(helper.make_node(
                 "MultiHeadAttention", [query, f"{tag}.key.padded", f"{tag}.value.padded", "", "", bias], [attended],
                 name=f"{tag}/MultiHeadAttention", domain=CONTRIB_DOMAIN, num_heads=core.heads, scale=core.scale,
             ))  # fmt: skip
             if island:
-                new.append(helper.make_node("Cast", [attended], [core.output], name=f"{tag}/attended/Cast", to=onnx.TensorProto.FLOAT))
+                new.append(helper.make_node("Cast", [attended], [result], name=f"{tag}/attended/Cast", to=onnx.TensorProto.FLOAT))
+            if core.flat:
+                batch_axis = _shared(graph, "attention.batch_axis", np.array([0], np.int64))
+                new.append(helper.make_node("Squeeze", [result, batch_axis], [core.output], name=f"{tag}/attended/Squeeze"))
             yield core.nodes, new
 
     return cores

@@ -262,11 +262,13 @@ def build(
                     onnx.save(graph, str(stage / name))
                     progress.note(f"onnxruntime/{target}: {name}: {done}")
                     continue
-                if name == VISION_GRAPH and precision == "bf16":  # OmniJev's vision tower: its linears too
+                if name == VISION_GRAPH and (precision == "bf16" or attention):  # OmniJev's vision tower: its linears and attention too
                     graph = onnx.load(str(export_dir / source))
-                    done = use_bf16_gemms(graph, Bf16Weights(export_dir, stage))
+                    done = [f"{fuse_attention(graph, attention)} MultiHeadAttention nodes"] if attention else []
+                    if precision == "bf16":
+                        done.append(f"{use_bf16_gemms(graph, Bf16Weights(export_dir, stage))} bfloat16 GEMMs")
                     onnx.save(graph, str(stage / name))
-                    progress.note(f"onnxruntime/{target}: {source} -> {name}: {done} bfloat16 GEMMs")
+                    progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(done)}")
                     continue
                 progress.note(f"onnxruntime/{target}: {source} -> {name}")
                 link_or_copy(export_dir / source, stage / name)

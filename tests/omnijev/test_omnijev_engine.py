@@ -188,3 +188,34 @@ def test_a_bf16_build_runs_the_vision_tower_s_linears_in_bfloat16(exported: Path
     expected = VisionTower(bfloat16_linears(tower.model))(Pixels(feeds["pixel_values"], grid, int(config["spatial_merge_size"])))
     rounding, wiring = np.median(np.abs(emulated - float32)), np.median(np.abs(emulated - expected))
     assert rounding > 1e-4 * np.abs(float32).max() and wiring < rounding / 5, (rounding, wiring)
+
+
+def test_fused_attention_takes_the_vision_tower_s_attention_too(exported: Path, omnijev_package: Path, tmp_path: Path) -> None:
+    """``--fused-attention``: each vision block's attention (one image a call: its output ``[S, N·D]``) becomes one
+    ``MultiHeadAttention`` too, and the tower's features move by float32 rounding only on the CPU EP, in float32
+    and in float16 (which the CPU EP runs in float32); a doubled scale misses by far more."""
+    import numpy as np
+    import onnxruntime
+
+    from s1omni.export.attention_fusions import fuse_attention
+    from s1omni.export.vision_export import example
+    from s1omni.runtime.omnijev.vision import VisionTower
+    from tests.cuda_builds import build_cuda_engine
+
+    config = json.loads((exported / "config.json").read_text(encoding="utf-8"))["vision_config"]
+    blocks = int(config["depth"])
+    engine = tmp_path / "engine"
+    assert f"vision.onnx -> vision.onnx: {blocks} MultiHeadAttention nodes" in build_cuda_engine(exported, engine, "--fused-attention")
+    feeds = example(VisionTower.load(config, omnijev_package / "vision.safetensors"), config, (1, 14, 20))
+    run = lambda graph: onnxruntime.InferenceSession(graph, providers=["CPUExecutionProvider"]).run(None, feeds)[0]  # noqa: E731
+    plain = run(str(exported / "vision.onnx"))
+    fused = onnx.load(str(engine / "vision.onnx"))
+    ops = [node.op_type for node in fused.graph.node]
+    assert ops.count("MultiHeadAttention") == blocks and "Softmax" not in ops
+    half = onnx.load(str(exported / "vision.onnx"))
+    assert fuse_attention(half, "fp16") == blocks
+    broken = onnx.ModelProto.FromString(fused.SerializeToString())
+    next(node for node in broken.graph.node if node.op_type == "MultiHeadAttention").attribute[-1].f *= 2  # the scale
+    moves = {name: np.abs(run(graph.SerializeToString()) - plain).max() / np.abs(plain).max() for name, graph in
+             (("fp32", fused), ("fp16", half), ("broken", broken))}  # fmt: skip
+    assert moves["fp32"] <= 1e-5 and moves["fp16"] <= 1e-5 and moves["broken"] > 1e-3, moves
