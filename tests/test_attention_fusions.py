@@ -3,6 +3,7 @@ run here: ``MultiHeadAttention`` has a CPU kernel. Its CUDA kernels have not run
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -328,14 +329,10 @@ def test_the_manifest_records_the_attention_inputs(exported: Path, tmp_path: Pat
     assert (TensorProto.FLOAT16 in casts) is (recorded == "fp16")
 
 
-def _cuda_run(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    session = onnxruntime.InferenceSession(model, providers=[("CUDAExecutionProvider", {"use_tf32": 0}), "CPUExecutionProvider"])
-    return dict(zip((output.name for output in session.get_outputs()), session.run(None, feeds), strict=True))
-
-
 # Each output of a bf16 build with the fused attention within this much of the largest value of the same build's
 # without it, on the GPU: bf16 GEMMs through four layers move the CPU emulation's answers by ~1e-2; a miswiring ~0.3.
 GPU_BOUND = 5e-2
+CUDA_RUN = functools.partial(_run, providers=[("CUDAExecutionProvider", {"use_tf32": 0}), "CPUExecutionProvider"])
 
 
 @pytest.mark.gpu
@@ -349,7 +346,7 @@ def test_the_fused_attention_runs_on_the_cuda_ep(exported: Path, tmp_path: Path,
     continues' 1 and 6 queries take the unfused one."""
     build_cuda_engine(exported, tmp_path / "plain", "--precision", "bf16")
     build_cuda_engine(exported, tmp_path / "fused", "--precision", "bf16", "--fused-attention", "--attention-inputs", inputs)
-    want, got = (_answers(*(str(tmp_path / name / f"{graph}.onnx") for graph in ("prefill", "continue")), lengths, _cuda_run) for name in ("plain", "fused"))
+    want, got = (_answers(*(str(tmp_path / name / f"{graph}.onnx") for graph in ("prefill", "continue")), lengths, CUDA_RUN) for name in ("plain", "fused"))
     assert all(np.isfinite(value).all() for value in got.values())
     moves = _largest_moves(got, want)
     assert max(moves.values()) <= GPU_BOUND, moves

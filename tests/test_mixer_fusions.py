@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +25,8 @@ LAYERS = 3  # the tiny member's Gated DeltaNet layers
 RELATIVE_BOUND = 1e-5
 
 
-def _run(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    session = onnxruntime.InferenceSession(model if isinstance(model, str) else model.SerializeToString(), providers=["CPUExecutionProvider"])
+def _run(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray], providers: Sequence = ("CPUExecutionProvider",)) -> dict[str, np.ndarray]:
+    session = onnxruntime.InferenceSession(model if isinstance(model, str) else model.SerializeToString(), providers=list(providers))
     return dict(zip((output.name for output in session.get_outputs()), session.run(None, feeds), strict=True))
 
 

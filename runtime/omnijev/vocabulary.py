@@ -14,8 +14,8 @@ EP the embedding goes to the device once, at load, and stays bound to the sessio
 sends the states and token ids and gets back one float32 per token. The CUDA EP's float32 GEMM runs with TF32
 off (the engine's provider options), so it differs from the reference's numpy GEMM by summation order only:
 about 1e-6 of a logit. On the CPU EP the table is the engine's own array, not a copy, and MLAS spreads the
-GEMM over ONNX Runtime's threads: at the 4B's table on a 2-core host, 217 ms against numpy's 715 for 8 tokens
-and 438 against 1,122 for 40, the largest difference 9.5e-7.
+GEMM over ONNX Runtime's threads: at the 4B's table on a 2-core host, p50 216 ms against numpy's 638 for 8
+tokens and 416 against 1,241 for 40, the largest difference 9.5e-7 (``benchmarks/cpu-omnijev-logprobs``).
 
 States go in row chunks of at most ``LOGIT_ELEMENTS // vocabulary``: a request of 255 options holds about
 1,500 option-text tokens, whose float64 logits at once would be 3 GB.
