@@ -9,13 +9,19 @@ request took on the 4B bf16 engine (``benchmarks/h200-omnijev-4B``, profile ``st
 
 An engine runs the same arithmetic as a small ONNX graph in its execution provider: ``Gemm`` of the states
 against the embedding (``transB``: the table is read in place, never transposed), the logits cast to float64,
-their maximum subtracted, ``Exp``, ``ReduceSum``, ``Log``, and the token's shifted logit gathered. On the CUDA
-EP the embedding goes to the device once, at load, and stays bound to the session (``OrtValue``); each call
-sends the states and token ids and gets back one float32 per token. The CUDA EP's float32 GEMM runs with TF32
-off (the engine's provider options), so it differs from the reference's numpy GEMM by summation order only:
-about 1e-6 of a logit. On the CPU EP the table is the engine's own array, not a copy, and MLAS spreads the
-GEMM over ONNX Runtime's threads: at the 4B's table on a 2-core host, p50 216 ms against numpy's 638 for 8
-tokens and 416 against 1,241 for 40, the largest difference 9.5e-7 (``benchmarks/cpu-omnijev-logprobs``).
+``LogSoftmax`` over the vocabulary (the peak-shifted log-sum-exp above, in one kernel), and the token's entry
+gathered. The log-sum-exp was first spelled op by op (``ReduceMax``, ``Sub``, ``Exp``, ``ReduceSum``, ``Log``):
+on the H200 the CUDA EP hands a float64 ``ReduceMax`` to cuDNN, whose kernel took 22.2 ms of a one-option
+screenshot request's 101.5 ms of kernels for eight rows (``benchmarks/h200-omnijev-4B-attn16``, profile),
+where ONNX Runtime's own softmax kernels run a block a row. On the CUDA EP the embedding goes to the device
+once, at load, and stays bound to the session (``OrtValue``); each call sends the states and token ids and gets
+back one float32 per token. The CUDA EP's float32 GEMM runs with TF32 off (the engine's provider options), so it
+differs from the reference's numpy GEMM by summation order only: about 1e-6 of a logit. On the CPU EP the table
+is the engine's own array, not a copy, and MLAS spreads the GEMM over ONNX Runtime's threads: at the 4B's table
+on a 2-core host, p50 292 ms against numpy's 651 for 8 tokens and 499 against 1,184 for 40, the largest
+difference 9.5e-7 (``benchmarks/cpu-omnijev-logprobs``). The op-by-op spelling was about 80 ms faster there
+(216 and 416 ms: the CPU EP's float64 ``LogSoftmax`` is slower than its reductions); one graph serves both EPs,
+and on the CPU the backbone's forward, seconds a request, dwarfs the difference.
 
 States go in row chunks of at most ``LOGIT_ELEMENTS // vocabulary``: a request of 255 options holds about
 1,500 option-text tokens, whose float64 logits at once would be 3 GB.
@@ -40,14 +46,9 @@ def logprob_graph() -> onnx.ModelProto:
     nodes = [
         helper.make_node("Gemm", ["hidden", "embedding"], ["logits"], transB=1),
         helper.make_node("Cast", ["logits"], ["logits64"], to=TensorProto.DOUBLE),
-        helper.make_node("ReduceMax", ["logits64", "vocabulary_axis"], ["peak"], keepdims=1),
-        helper.make_node("Sub", ["logits64", "peak"], ["shifted"]),
-        helper.make_node("Exp", ["shifted"], ["exponentials"]),
-        helper.make_node("ReduceSum", ["exponentials", "vocabulary_axis"], ["total"], keepdims=1),
-        helper.make_node("Log", ["total"], ["log_total"]),
+        helper.make_node("LogSoftmax", ["logits64"], ["normalized"], axis=1),
         helper.make_node("Unsqueeze", ["tokens", "vocabulary_axis"], ["token_index"]),
-        helper.make_node("GatherElements", ["shifted", "token_index"], ["picked"], axis=1),
-        helper.make_node("Sub", ["picked", "log_total"], ["logprobs64"]),
+        helper.make_node("GatherElements", ["normalized", "token_index"], ["logprobs64"], axis=1),
         helper.make_node("Cast", ["logprobs64"], ["logprobs"], to=TensorProto.FLOAT),
     ]
     graph = helper.make_graph(

@@ -52,12 +52,15 @@ def _node(model: onnx.ModelProto, op_type: str) -> onnx.NodeProto:
     return next(node for node in model.graph.node if node.op_type == op_type)
 
 
-def _no_shift(model: onnx.ModelProto) -> None:  # exp of the raw logits: overflows at large logits
-    _node(model, "Exp").input[0] = "logits64"
-    _node(model, "GatherElements").input[0] = "logits64"
+def _softmax(model: onnx.ModelProto) -> None:  # the probability, not its logarithm
+    _node(model, "LogSoftmax").op_type = "Softmax"
 
 
-def _picked_unshifted(model: onnx.ModelProto) -> None:  # the token's logit before the peak is taken off
+def _over_rows(model: onnx.ModelProto) -> None:  # normalized across the states instead of the vocabulary
+    _node(model, "LogSoftmax").attribute[0].i = 0
+
+
+def _raw_logit(model: onnx.ModelProto) -> None:  # the token's logit, never normalized
     _node(model, "GatherElements").input[0] = "logits64"
 
 
@@ -69,8 +72,9 @@ def _next_token(model: onnx.ModelProto) -> None:  # each state scored against th
 
 
 BROKEN: dict[str, Callable[[onnx.ModelProto], None]] = {
-    "no peak shift": _no_shift,
-    "picked before the shift": _picked_unshifted,
+    "softmax": _softmax,
+    "over the states": _over_rows,
+    "unnormalized logit": _raw_logit,
     "next token": _next_token,
 }
 
