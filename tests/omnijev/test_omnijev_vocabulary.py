@@ -102,4 +102,5 @@ def test_the_engine_log_probs_run_on_the_gpu_at_the_4b_vocabulary() -> None:
     started = time.perf_counter()
     for _ in range(5):
         head(hidden, tokens)
-    assert (time.perf_counter() - started) / 5 < 0.05
+    per_call = (time.perf_counter() - started) / 5
+    assert per_call < 0.05, f"{per_call * 1e3:.1f} ms a call at 200 rows"
