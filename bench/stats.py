@@ -61,6 +61,12 @@ def to_ms(seconds: Sequence[float]) -> list[float]:
     return [round(value * 1e3, DIGITS) for value in seconds]
 
 
+def quantiles_ms(call: Callable[[], Any], count: int, warmup: int = 1) -> dict[str, float]:
+    """p50 and p95 (nearest rank) milliseconds of ``count`` calls after ``warmup``: the CPU records' figures."""
+    samples = to_ms(time_calls(call, count, warmup)[0])
+    return {"p50_ms": nearest_rank(samples, 50), "p95_ms": nearest_rank(samples, 95)}
+
+
 def summarize(samples_ms: Sequence[float], wall_s: float) -> dict[str, Any]:
     """p50, p95 (nearest rank), mean, min, max and requests/s over ``wall_s``, with the samples themselves."""
     return {

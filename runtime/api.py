@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .families import family
+from .host_memory import keep_freed_memory
 from .registry import Registry
 
 
@@ -64,7 +65,9 @@ def load_model(
     device: str = "cpu",
     precision: str | None = None,
 ) -> DecisionModel:
-    """A servable model from a package directory or an engine directory (``manifest.json`` present)."""
+    """A servable model from a package directory or an engine directory (``manifest.json`` present).
+    The process keeps freed host memory from here on (``host_memory.keep_freed_memory``)."""
+    keep_freed_memory()
     path = Path(path)
     registry = registry or Registry.load()
     if (path / "manifest.json").is_file():

@@ -28,6 +28,7 @@ from s1omni.calib import CALIB
 from .digest import pinned_sha256, sha256_files
 from .errors import PackageError
 from .families import family
+from .host_memory import keep_freed_memory
 from .package import inside, present_files
 from .registry import Registry
 
@@ -186,7 +187,9 @@ def load_engine_model(
     device: str = "cpu",
     allow_unvalidated: bool = False,
 ):
-    """The member's model over the engine's runner; refuses unvalidated or altered engines."""
+    """The member's model over the engine's runner; refuses unvalidated or altered engines. The process keeps
+    freed host memory from here on (``host_memory.keep_freed_memory``)."""
+    keep_freed_memory()
     path = Path(path)
     manifest = read_stage(path, "engine")
     face = family(manifest.get("family"))  # an unknown family before its gates are looked for

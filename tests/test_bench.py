@@ -13,7 +13,7 @@ import pytest
 from s1omni.bench.run import http_ratios, subject_names
 from s1omni.cli.bench import served_instances
 from s1omni.bench.http_load import request_body, server_timing
-from s1omni.bench.stats import nearest_rank, ratios, summarize
+from s1omni.bench.stats import nearest_rank, quantiles_ms, ratios, summarize
 from s1omni.bench.workloads import REFERENCE, backbone, measure, named
 from s1omni.cli.main import main
 from s1omni.runtime.errors import UsageError
@@ -203,6 +203,15 @@ def test_nearest_rank_and_summary() -> None:
     assert nearest_rank([7.0], 95) == 7.0
     summary = summarize([10.0, 30.0, 20.0], 0.5)
     assert (summary["p50_ms"], summary["p95_ms"], summary["mean_ms"], summary["requests_per_s"]) == (20.0, 30.0, 20.0, 6.0)
+
+
+def test_quantiles_of_calls_skip_the_warmup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four timed calls of 1, 2, 3 and 4 ms on a fake clock after one warm-up: p50 2 ms and p95 4 ms, nearest rank."""
+    clock = iter([0.0, 0.0, 0.001, 0.001, 0.003, 0.003, 0.006, 0.006, 0.010, 0.010])  # start, each call's begin/end, end
+    calls = []
+    monkeypatch.setattr("s1omni.bench.stats.time.perf_counter", lambda: next(clock))
+    assert quantiles_ms(lambda: calls.append(1), 4) == {"p50_ms": 2.0, "p95_ms": 4.0}
+    assert len(calls) == 5
 
 
 def test_server_timing_header() -> None:

@@ -6,7 +6,7 @@
 
 The table is random, ``[248,079, 2,560]`` float32 (2.5 GB, the 4B's tied embedding's shape); the states are
 random, ``--tokens`` of them (8 and 40 by default: a one-option and a several-option screenshot). Each
-figure is the p50 / p95 of ``--repeats`` calls after one warm-up; the record carries the largest difference
+figure is the p50 / p95 (nearest rank) of ``--repeats`` calls after one warm-up; the record carries the largest difference
 between the two. The load average before and after is recorded: this machine may be shared.
 """
 
@@ -17,26 +17,16 @@ import json
 import os
 import platform
 import sys
-import time
 
 import numpy as np
 import onnxruntime
 
+from s1omni.bench.stats import quantiles_ms
 from s1omni.runtime.cpu_heads import single_threaded_numpy_blas
 from s1omni.runtime.omnijev.features import token_logprobs
 from s1omni.runtime.omnijev.vocabulary import EngineLogProbs
 
 VOCABULARY, HIDDEN = 248_079, 2_560
-
-
-def _times(call, repeats: int) -> dict[str, float]:
-    call()
-    samples = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - started) * 1e3)
-    return {"p50_ms": round(float(np.percentile(samples, 50)), 1), "p95_ms": round(float(np.percentile(samples, 95)), 1)}
 
 
 def main() -> None:
@@ -57,8 +47,8 @@ def main() -> None:
         difference = float(np.abs(token_logprobs(embedding, hidden, tokens) - engine(hidden, tokens)).max())
         runs.append({
             "tokens": count,
-            "numpy": _times(lambda: token_logprobs(embedding, hidden, tokens), args.repeats),
-            "onnxruntime_cpu": _times(lambda: engine(hidden, tokens), args.repeats),
+            "numpy": quantiles_ms(lambda: token_logprobs(embedding, hidden, tokens), args.repeats),
+            "onnxruntime_cpu": quantiles_ms(lambda: engine(hidden, tokens), args.repeats),
             "max_abs_difference": difference,
         })  # fmt: skip
         print(json.dumps(runs[-1]))

@@ -18,10 +18,9 @@ once, at load, and stays bound to the session (``OrtValue``); each call sends th
 back one float32 per token. The CUDA EP's float32 GEMM runs with TF32 off (the engine's provider options), so it
 differs from the reference's numpy GEMM by summation order only: about 1e-6 of a logit. On the CPU EP the table
 is the engine's own array, not a copy, and MLAS spreads the GEMM over ONNX Runtime's threads: at the 4B's table
-on a 2-core host, p50 292 ms against numpy's 651 for 8 tokens and 499 against 1,184 for 40, the largest
-difference 9.5e-7 (``benchmarks/cpu-omnijev-logprobs``). The op-by-op spelling was about 80 ms faster there
-(216 and 416 ms: the CPU EP's float64 ``LogSoftmax`` is slower than its reductions); one graph serves both EPs,
-and on the CPU the backbone's forward, seconds a request, dwarfs the difference.
+on a 2-core host, p50 186 ms against numpy's 645 for 8 tokens and 434 against 1,205 for 40, the largest
+difference 9.5e-7 (``benchmarks/cpu-omnijev-logprobs``; that shared host gave 186 to 292 ms for 8 tokens
+across three runs of the same graph).
 
 States go in row chunks of at most ``LOGIT_ELEMENTS // vocabulary``: a request of 255 options holds about
 1,500 option-text tokens, whose float64 logits at once would be 3 GB.
