@@ -44,9 +44,9 @@
 #
 # Wall time on the lent H200 (16 cores): synth 0.8B 26 s, 9B 106 s; export 0.8B 57 s, 4B 72-77 s, 9B 92 s
 # (benchmarks/README.md, "Export times on the H200"); build 4B 159 s, 9B 310 s; validate 9B 90 s with a
-# saved reference; bench 9B 255 s. Steps that together outlast one 600 s call run detached
-# (setsid nohup scripts/h200.sh 9B OUT synth,export,build > LOG 2>&1 & echo $! > PIDFILE), polled from
-# calls that follow each other (kill -0 "$(cat PIDFILE)"; a `pgrep -f` pattern also matches the polling
+# saved reference; bench 9B 255 s. Steps that together outlast one 600 s call run as a detached chain
+# (scripts/device.sh: started, fed the wheels of scripts/device-pack.sh and polled by calls that follow each
+# other at once; scripts/device-chain.sh for the chain itself; a `pgrep -f` pattern also matches the polling
 # call's own command line, which contains it). With S1OMNI_SCRATCH=/dev/shm/w the exports and engines go
 # to memory: the 9B's 32 GB export does not fit the disk beside its package.
 set -euo pipefail

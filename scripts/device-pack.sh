@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The wheels a lent device machine lacks, packed here for it (it reaches no package index).
+#
+#   scripts/device-pack.sh [DIR]      (default .device, which git ignores)
+#
+# Downloads the wheels below for the device image's Python (3.12, manylinux_2_28 x86_64) into DIR/wheels once,
+# packs them (tar | xz) and splits the pack into parts of 44 MiB, DIR/p1/part.01, DIR/p2/part.02, ...: each
+# part travels with one device call (`run`'s carry is 64 MiB a call). scripts/device.sh stages them there:
+# `start` the first part, `stage K` the others; the call that brings the last part installs the wheels.
+# The wheels are the ones the H200 records ran with (benchmarks/README.md names each record's versions);
+# the image brings torch, transformers, onnx, einops and prometheus_client itself.
+set -euo pipefail
+dir=${1:-.device}
+WHEELS=(onnxruntime-gpu==1.31.1 polygraphy==0.53.6 starlette==1.10.0 uvicorn==0.55.0 python-json-logger==4.2.0
+        flash-linear-attention==0.6.0 fla-core==0.6.0)
+PART_BYTES=${PART_BYTES:-44M}  # a smaller size for a trial of the staging
+mkdir -p "$dir/wheels"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 -d "$dir/wheels" "${WHEELS[@]}"
+echo "packing $(ls "$dir/wheels" | wc -l) wheels ($(du -sh "$dir/wheels" | cut -f1))" >&2
+tar -C "$dir" -cf - wheels | xz -T0 -6 > "$dir/pack.tar.xz.part"
+mv "$dir/pack.tar.xz.part" "$dir/pack.tar.xz"
+rm -rf "$dir"/p[0-9]*
+split -b "$PART_BYTES" -d -a 2 --numeric-suffixes=1 "$dir/pack.tar.xz" "$dir/part."
+for part in "$dir"/part.*; do
+  number=$((10#${part##*.}))
+  mkdir -p "$dir/p$number" && mv "$part" "$dir/p$number/"
+done
+parts=$(ls "$dir"/p[0-9]*/part.* | wc -l)
+for part_dir in "$dir"/p[0-9]*; do echo "$parts" > "$part_dir/parts"; done  # each call knows when it brings the last
+echo "$parts parts in $dir/p1 .. $dir/p$parts; carry each with one call (scripts/device.sh)" >&2
