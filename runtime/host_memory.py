@@ -5,9 +5,9 @@ A request allocates tens of megabytes of short-lived host buffers: an OmniJev sc
 hidden states and head inputs. glibc's ``malloc`` serves blocks past its mmap threshold (128 KiB at start,
 raised on the fly only up to the largest block freed so far) with fresh ``mmap`` pages and gives them back on
 ``free``, and trims the heap's top past 128 KiB, so a request may touch its buffers' pages for the first time
-again. How often depends on the process's history; in a process that loaded a model and planned OmniJev
-screenshot requests it was 5,280 minor page faults a plan, which on the 2-core host here took the plan's p50
-from about 24 to about 44 ms (``benchmarks/README.md``, "Where an OmniJev plan goes").
+again. How often depends on the process's history; an OmniJev JPEG screenshot's plan took 3,288 minor page
+faults and a p50 of 24.4 ms under glibc's defaults on the 2-core host here, against 64 and 12.4 ms with this
+module's setting (``benchmarks/README.md``, "Where an OmniJev plan goes").
 
 ``keep_freed_memory`` sets both thresholds with ``mallopt(3)``: blocks under 32 MiB (glibc's largest mmap
 threshold on 64-bit) come from the heaps, and a heap's free top is kept up to 256 MiB. The cost is resident

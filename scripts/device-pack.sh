@@ -12,7 +12,7 @@
 set -euo pipefail
 dir=${1:-.device}
 WHEELS=(onnxruntime-gpu==1.31.1 polygraphy==0.53.6 starlette==1.10.0 uvicorn==0.55.0 python-json-logger==4.2.0
-        flash-linear-attention==0.6.0 fla-core==0.6.0)
+        flash-linear-attention==0.6.0 fla-core==0.6.0 pyspng==0.1.4)
 PART_BYTES=${PART_BYTES:-44M}  # a smaller size for a trial of the staging
 mkdir -p "$dir/wheels"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -12,12 +12,16 @@ import base64
 import hashlib
 import io
 import json
+import zlib
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pyspng
 import pytest
 from PIL import Image
 
+from s1omni.runtime.omnijev import image as image_module
 from s1omni.runtime.omnijev.image import (
     MAX_IMAGE_BYTES,
     ImageRefused,
@@ -200,3 +204,59 @@ def test_a_truncated_png_is_refused_at_decode() -> None:
     encoded = read_data_url(data_url(raw[: len(raw) // 2]))
     with pytest.raises(ImageRefused, match="invalid image"):
         decode_rgb(encoded)
+
+
+def _with_chunk(raw: bytes, kind: bytes, payload: bytes) -> bytes:
+    """``raw`` with a chunk inserted after IHDR (8 bytes of signature, then IHDR's 25)."""
+    chunk = len(payload).to_bytes(4, "big") + kind + payload + zlib.crc32(kind + payload).to_bytes(4, "big")
+    return raw[:33] + chunk + raw[33:]
+
+
+def _spng_calls(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    calls: list[bytes] = []
+
+    def load(data: bytes, format: str | None = None) -> np.ndarray:
+        calls.append(data)
+        return pyspng.load(data, format=format)
+
+    monkeypatch.setattr(image_module, "pyspng", SimpleNamespace(load=load))
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("name", "fast"),
+    [("rgb-noise", True), ("rgba", True), ("rgb-transparent-colour", True), ("gray", False), ("palette", False), ("gray16", False)],
+)
+def test_8_bit_truecolour_pngs_go_through_libspng_and_decode_as_pillow(monkeypatch: pytest.MonkeyPatch, name: str, fast: bool) -> None:
+    """libspng takes 8-bit RGB and RGBA (a tRNS colour key changes nothing in RGB) and gives Pillow's array;
+    the other PNGs never reach it."""
+    noise = np.random.default_rng(5).integers(0, 256, (90, 130, 3), dtype=np.uint8)
+    made = {"rgb-noise": encode(Image.fromarray(noise)), "rgb-transparent-colour": encode(Image.fromarray(noise), transparency=(1, 2, 3))}
+    raw = made.get(name) or image_bytes(name)
+    calls = _spng_calls(monkeypatch)
+    rgb = decode_rgb(read_data_url(data_url(raw)))
+    np.testing.assert_array_equal(rgb, np.asarray(Image.open(io.BytesIO(raw)).convert("RGB")))
+    assert rgb.dtype == np.uint8 and rgb.flags.writeable
+    assert calls == ([raw] if fast else [])
+
+
+def test_a_png_libspng_refuses_is_pillows_to_decide(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unknown critical chunk: libspng refuses the file, Pillow skips the chunk and decodes it; the answer is
+    Pillow's. A truncated file both refuse is refused with Pillow's reason."""
+    raw = _with_chunk(encode(Image.fromarray(pattern(40, 30))), b"ZZZZ", b"??")
+    with pytest.raises(RuntimeError):
+        pyspng.load(raw, format="RGB")
+    calls = _spng_calls(monkeypatch)
+    np.testing.assert_array_equal(decode_rgb(read_data_url(data_url(raw))), pattern(40, 30))
+    assert len(calls) == 1
+    truncated = encode(Image.fromarray(pattern(64, 64)))
+    with pytest.raises(ImageRefused, match="invalid image"):
+        decode_rgb(read_data_url(data_url(truncated[: len(truncated) // 2])))
+    assert len(calls) == 2
+
+
+def test_without_libspng_pillow_decodes_every_png(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(image_module, "pyspng", None)
+    for name in ("rgba", "gray", "palette"):
+        raw = image_bytes(name)
+        np.testing.assert_array_equal(decode_rgb(read_data_url(data_url(raw))), np.asarray(Image.open(io.BytesIO(raw)).convert("RGB")))
