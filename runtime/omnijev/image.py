@@ -6,9 +6,8 @@ which is what the reference does (omnijev.md §3.1), but for the common PNG: 8-b
 samples the PNG format fixes, go through libspng (``pyspng``, where it is installed), the alpha dropped as
 ``convert("RGB")`` drops it: the same array, faster (a 1600x900 screenshot's decode 8.1-8.6 ms against
 Pillow's 12.1-12.9 plus its copy into numpy on a 2-core host; ``benchmarks/README.md``, "Where an OmniJev
-plan goes"). Where libspng refuses the data, Pillow decodes it,
-so what is refused, and why, stays Pillow's; every other PNG (palette, grey, 16-bit) and every JPEG is
-Pillow's alone.
+plan goes"). Where libspng refuses the data, Pillow decodes it, so what is refused, and why, stays Pillow's;
+every other PNG (palette, grey, 16-bit) and every JPEG is Pillow's alone.
 
 Preprocessing is a port of transformers 5.17's torchvision-backed ``Qwen2VLImageProcessor``, the
 processor the reference environment (with torchvision) loads, at ``MSO1``'s budget
