@@ -8,6 +8,7 @@ gives, with the engine's vision session and runner in place of the torch referen
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -31,19 +32,34 @@ VISION_GRAPH = "vision.onnx"
 EMBEDDING = "embedding.safetensors"  # the tied embedding [vocabulary, hidden], float32
 EMBEDDING_TENSOR = "embedding"
 RELEASE = "release.json"  # the release manifest's fields the model reads (model_id, option_tokens, max_pixels)
+# Image grids whose tower inputs a session keeps: a deployment sees few image sizes (a screen's, a camera's).
+GRID_CACHE_SIZE = 32
 
 
 class VisionSession:
-    """``vision.onnx`` as a vision tower: the grid-derived inputs computed here, the tower in the graph."""
+    """``vision.onnx`` as a vision tower: the grid-derived inputs computed here, the tower in the graph.
+
+    The grid-derived inputs depend on the image's grid alone, so each grid's are computed once and kept
+    (read-only, ``GRID_CACHE_SIZE`` grids). transformers' helpers take 0.6 ms for a screenshot's 36x64 grid on a
+    2-core host, but the H200's profile of a screenshot request put 8.6 ms of its forward in their two
+    ``torch.floor`` calls (``benchmarks/README.md``, "OmniJev-4B at 1, 12 and 255 options").
+    """
 
     def __init__(self, path: Path, config: dict[str, Any], device: str = "cpu", provider_options: dict[str, Any] | None = None):
         """``provider_options``: the engine manifest's, so the tower runs at the backbone's precision."""
         self.session = onnxruntime.InferenceSession(str(path), providers=providers(*device_of(device), provider_options or {}))
         self.config = config
+        self.grid_feeds = functools.lru_cache(maxsize=GRID_CACHE_SIZE)(self._grid_feeds)
+
+    def _grid_feeds(self, grid: tuple[int, int, int]) -> dict[str, np.ndarray]:
+        feeds = grid_inputs(grid, self.config)
+        for value in feeds.values():
+            value.setflags(write=False)  # shared by every request of this grid
+        return feeds
 
     @device_run
     def __call__(self, pixels: Pixels) -> np.ndarray:
-        feeds = {"pixel_values": pixels.values, **grid_inputs(pixels.grid, self.config)}
+        feeds = {"pixel_values": pixels.values, **self.grid_feeds(tuple(pixels.grid))}
         return self.session.run(None, feeds)[0]
 
 

@@ -219,3 +219,30 @@ def test_fused_attention_takes_the_vision_tower_s_attention_too(exported: Path, 
     moves = {name: np.abs(run(graph.SerializeToString()) - plain).max() / np.abs(plain).max() for name, graph in
              (("fp32", fused), ("fp16", half), ("broken", broken))}  # fmt: skip
     assert moves["fp32"] <= 1e-5 and moves["fp16"] <= 1e-5 and moves["broken"] > 1e-3, moves
+
+
+def test_the_vision_session_keeps_each_grid_s_inputs(engine_model: OmniJevModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grid-derived inputs are computed once a grid and shared read-only: the features equal a run with
+    freshly computed inputs, and two grids of as many patches (4x8, 8x4) each get their own."""
+    import numpy as np
+
+    from s1omni.runtime.omnijev import engine as omnijev_engine
+    from s1omni.runtime.omnijev.image import Pixels
+
+    vision = engine_model.vision
+    config = vision.config
+    width = int(config["in_channels"]) * int(config["temporal_patch_size"]) * int(config["patch_size"]) ** 2
+    calls: list[tuple[int, int, int]] = []
+    computed = omnijev_engine.grid_inputs
+    monkeypatch.setattr(omnijev_engine, "grid_inputs", lambda grid, cfg: calls.append(grid) or computed(grid, cfg))
+    vision.grid_feeds.cache_clear()
+    values = np.random.default_rng(7).standard_normal((32, width)).astype(np.float32)
+    features = {}
+    for grid in ((1, 4, 8), (1, 8, 4), (1, 4, 8)):
+        got = vision(Pixels(values, grid, engine_model.processor.merge_size))
+        fresh = vision.session.run(None, {"pixel_values": values, **computed(grid, config)})[0]
+        assert np.array_equal(got, fresh), grid
+        features.setdefault(grid, got)
+    assert calls == [(1, 4, 8), (1, 8, 4)]
+    assert not np.array_equal(features[(1, 4, 8)], features[(1, 8, 4)])
+    assert not any(value.flags.writeable for value in vision.grid_feeds((1, 4, 8)).values())
