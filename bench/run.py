@@ -82,8 +82,8 @@ def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
     """``reference``, then ``backend/target[/kernel][/precision][/unfused][/graphs][/gdn16][/merged][/mixers]`` per
     engine, the precision where it is not float32, ``unfused`` for a CUDA build without op fusion, ``graphs`` for one
     replaying CUDA graphs, ``gdn16`` and ``merged`` for a bf16 build with float16 GatedDeltaNet inputs or merged
-    projections, ``mixers`` and ``attn`` for one with fused mixers or attention (``attn16``: its q/k/v in float16;
-    numbered where two engines share one)."""
+    projections, ``mixers`` and ``attn`` for one with fused mixers or attention (``attn16``: its q/k/v in float16),
+    ``vgraphs`` for one replaying its vision tower as CUDA graphs; numbered where two engines share one)."""
     names = [REFERENCE]
     for manifest in manifests:
         precision = manifest.get("precision") if manifest.get("precision") != "fp32" else None
@@ -93,8 +93,9 @@ def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
         merged = "merged" if manifest.get("merged_projections") else None
         mixers = "mixers" if manifest.get("fused_mixers") else None
         attention = ("attn16" if manifest.get("attention_inputs") == "fp16" else "attn") if manifest.get("fused_attention") else None
+        vision_graphs = "vgraphs" if manifest.get("vision_cuda_graphs") else None
         parts = (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision, unfused, graphs, gdn16, merged, mixers,
-                 attention)  # fmt: skip
+                 attention, vision_graphs)  # fmt: skip
         name = "/".join(part for part in parts if part)
         names.append(name if name not in names else f"{name}#{len(names)}")
     return names

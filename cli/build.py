@@ -8,7 +8,7 @@ HELP = "build an engine from an export directory: ONNX Runtime (cpu, cuda) or a 
 # The manifest fields --json reports beside the engine directory and its member.
 ENGINE_KEYS = (
     "backend", "target", "precision", "recurrence", "gated_delta_kernel", "gated_delta_inputs", "op_fusion", "merged_projections",
-    "fused_mixers", "fused_attention", "attention_inputs", "cuda_graphs",
+    "fused_mixers", "fused_attention", "attention_inputs", "cuda_graphs", "vision_cuda_graphs",
 )  # fmt: skip
 
 
@@ -85,6 +85,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "s1omni.runtime.runners.cuda_graphs.MAX_GRAPH_TOKENS tokens) as a CUDA graph, one launch a run instead of thousands "
         "(widths rounded up to buckets of at most 12.5%% padding; the first run of each shape captures it)",
     )
+    parser.add_argument(
+        "--vision-cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="onnxruntime/cuda, vision members (OmniJev) only, opt-in until validated on an H200: replay the vision tower "
+        "as a CUDA graph per patch count, which images of one size share (the first image of each runs it three times "
+        "to capture it; at most s1omni.runtime.runners.cuda_graphs.MAX_GRAPHS of them, the others run eagerly)",
+    )
     add_json(parser)
     add_quiet(parser)
 
@@ -98,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     out = build(
         args.export_dir, args.backend, args.target, out, args.precision, args.gated_delta_kernel, args.op_fusion, args.cuda_graphs,
         gated_delta_inputs=args.gated_delta_inputs, merged_projections=args.merged_projections, fused_mixers=args.fused_mixers,
-        fused_attention=args.fused_attention, attention_inputs=args.attention_inputs,
+        fused_attention=args.fused_attention, attention_inputs=args.attention_inputs, vision_cuda_graphs=args.vision_cuda_graphs,
     )  # fmt: skip
     manifest = read_manifest(out)
     result = {"engine": str(out), **{key: manifest.get(key) for key in ENGINE_KEYS}, "member": manifest["member"]}

@@ -207,6 +207,7 @@ def build(
     fused_mixers: bool = False,
     fused_attention: bool = False,
     attention_inputs: str | None = None,
+    vision_cuda_graphs: bool = False,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
@@ -215,7 +216,8 @@ def build(
     (``s1omni.export.cuda_kernels.INPUT_TYPES``; None: fp32), ``merged_projections``
     (``s1omni.export.merged_projections``; bf16 builds only), ``fused_mixers``
     (``s1omni.export.mixer_fusions``), ``fused_attention`` (``s1omni.export.attention_fusions``) and ``attention_inputs``,
-    the type of its q/k/v (``INPUT_TYPES``; None: fp32)."""
+    the type of its q/k/v (``INPUT_TYPES``; None: fp32), ``vision_cuda_graphs`` (a vision member's tower replayed as a
+    CUDA graph per patch count, ``s1omni.runtime.omnijev.engine.VisionSession``; opt-in)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -227,6 +229,8 @@ def build(
     if fused_attention and (backend, target) != ("onnxruntime", "cuda"):
         raise UsageError("--fused-attention is for onnxruntime/cuda: TensorRT parses no ONNX Runtime contrib op, and CPU engines run "
                          "the portable graphs, which attend in chunks already")  # fmt: skip
+    if vision_cuda_graphs and (backend, target) != ("onnxruntime", "cuda"):
+        raise UsageError("--vision-cuda-graphs is for onnxruntime/cuda")
     if precision == "fp8" and (backend, target) != ("onnxruntime", "cuda"):
         raise UsageError("--precision fp8 (the reduced copy max_speed serves) is for onnxruntime/cuda only: GemmFloat8 is a CUDA kernel")
     if precision == "fp8" and cuda_graphs:  # GemmFloat8 allocates its workspace on every call: nothing a CUDA graph can capture
@@ -243,6 +247,8 @@ def build(
             if precision not in ORT_PRECISIONS[target]:
                 raise UsageError(f"onnxruntime/{target} precisions are {', '.join(ORT_PRECISIONS[target])}")
             recurrence, files = ort_files(export_dir, target)
+            if vision_cuda_graphs and VISION_GRAPH not in files:
+                raise UsageError(f"--vision-cuda-graphs is for vision members: {export_dir} has no {VISION_GRAPH}")
             kernel = kernel or (KERNELS[-1] if target == "cuda" and recurrence == "fused" else None)
             if kernel and (target != "cuda" or recurrence != "fused" or kernel not in KERNELS):
                 raise UsageError(f"--gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
@@ -288,6 +294,7 @@ def build(
                 "fused_attention": fused_attention,
                 "attention_inputs": attention,
                 "cuda_graphs": cuda_graphs,
+                "vision_cuda_graphs": vision_cuda_graphs,
                 "provider_options": ORT_PRECISIONS[target][precision],
             }
         elif backend == "tensorrt":

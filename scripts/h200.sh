@@ -20,6 +20,7 @@
 #             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16; tf32; suffixes: "/unfused" builds
 #             with --no-op-fusion, "/graphs" with --cuda-graphs, "/gdn16" with --gated-delta-inputs fp16, "/merged" with --merged-projections,
 #             "/mixers" with --fused-mixers, "/attn" with --fused-attention, "/attn16" with it in float16 (bf16 builds),
+#             "/vgraphs" with --vision-cuda-graphs (omnijev-4B),
 #             e.g. fp32/graphs; a bf16 before/after run: PRECISIONS=bf16/graphs,bf16/graphs/gdn16,bf16/graphs/gdn16/merged)
 #   validate  each engine at the GPU gate against the float32 torch reference on the same GPU
 #   merged    each engine's merged forwards against its forwards alone (s1omni validate --merged $MERGED, 8 by
@@ -74,9 +75,9 @@ variants=()  # kernel:precision
 for kernel in ${kernels//,/ }; do
   for precision in ${precisions//,/ }; do variants+=("$kernel:$precision"); done
 done
-# kernel:precision[/unfused][/graphs][/gdn16][/merged][/mixers][/attn|/attn16] -> kernel[-precision][-unfused]...[-attn|-attn16],
+# kernel:precision[/unfused][/graphs][/gdn16][/merged][/mixers][/attn|/attn16][/vgraphs] -> kernel[-precision][-unfused]...[-vgraphs],
 # the precision where it is not fp32
-SUFFIXES=(unfused graphs gdn16 merged mixers attn attn16)
+SUFFIXES=(unfused graphs gdn16 merged mixers attn attn16 vgraphs)
 has() { [[ "/$1/" == *"/$2/"* ]]; }
 name() {
   local p=${1#*:} n=${1%:*} suffix
@@ -126,6 +127,7 @@ if wants build; then
     if has "$precision" mixers; then flags+=(--fused-mixers); fi
     if has "$precision" attn; then flags+=(--fused-attention); fi
     if has "$precision" attn16; then flags+=(--fused-attention --attention-inputs fp16); fi
+    if has "$precision" vgraphs; then flags+=(--vision-cuda-graphs); fi
     s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "${variant%:*}" --precision "${precision%%/*}" \
       "${flags[@]}" --out "$(engine "$variant")"
   done

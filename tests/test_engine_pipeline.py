@@ -88,6 +88,7 @@ def test_cuda_build_swaps_in_gated_delta_net_and_leaves_the_export_alone(
         (["--target", "cpu", "--precision", "tf32"], "precisions are fp32"),
         (["--target", "cpu", "--precision", "bf16"], "precisions are fp32"),
         (["--target", "cpu", "--cuda-graphs"], "--cuda-graphs is for onnxruntime/cuda"),
+        (["--target", "cuda", "--vision-cuda-graphs"], "--vision-cuda-graphs is for vision members"),
     ],
 )
 def test_build_refuses_options_its_target_cannot_honour(exported: Path, tmp_path: Path, args: list[str], message: str) -> None:

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 from ..engine import engine_runner
 from ..identity import Identity
 from ..runners.capture_lock import device_run
+from ..runners.cuda_graphs import UNCAPTURED, GraphedSession, run_options
 from ..runners.onnxruntime_runner import device_of, providers
 from .heads import Heads
 from .image import Pixels, Processor
@@ -43,13 +44,28 @@ class VisionSession:
     (read-only, ``GRID_CACHE_SIZE`` grids). transformers' helpers take 0.6 ms for a screenshot's 36x64 grid on a
     2-core host, but the H200's profile of a screenshot request put 8.6 ms of its forward in their two
     ``torch.floor`` calls (``benchmarks/README.md``, "OmniJev-4B at 1, 12 and 255 options").
+
+    With ``cuda_graphs`` (an engine built with ``--vision-cuda-graphs``) the tower replays a CUDA graph per
+    input shape, that is per patch count (``s1omni.runtime.runners.cuda_graphs``): the same profile launched
+    1,135 kernels an iteration one by one, most of them the tower's, which runs eagerly because its shapes
+    follow the image. Patches are not padded to buckets (padding would change the tower's attention), so each
+    new patch count costs three runs of the tower once; past the module's limits a call runs eagerly. On the
+    CPU the same fixed-buffer runs happen with nothing to capture.
     """
 
-    def __init__(self, path: Path, config: dict[str, Any], device: str = "cpu", provider_options: dict[str, Any] | None = None):
+    def __init__(self, path: Path, config: dict[str, Any], device: str = "cpu", provider_options: dict[str, Any] | None = None,
+                 cuda_graphs: bool = False):  # fmt: skip
         """``provider_options``: the engine manifest's, so the tower runs at the backbone's precision."""
-        self.session = onnxruntime.InferenceSession(str(path), providers=providers(*device_of(device), provider_options or {}))
+        kind, device_id = device_of(device)
+        capture = {"enable_cuda_graph": 1} if cuda_graphs and kind == "cuda" else {}
+        self.session = onnxruntime.InferenceSession(str(path), providers=providers(kind, device_id, {**(provider_options or {}), **capture}))
         self.config = config
         self.grid_feeds = functools.lru_cache(maxsize=GRID_CACHE_SIZE)(self._grid_feeds)
+        self.graphs = GraphedSession(self.session, kind, device_id) if cuda_graphs else None
+        # A graph-enabled session's runs outside every graph say so (``s1omni.runtime.runners.cuda_graphs``).
+        self._uncaptured = run_options(UNCAPTURED) if cuda_graphs else None
+        self._output = self.session.get_outputs()[0].name
+        self._width = int(config["out_hidden_size"])  # the merger's output: one row per merged patch group
 
     def _grid_feeds(self, grid: tuple[int, int, int]) -> dict[str, np.ndarray]:
         feeds = grid_inputs(grid, self.config)
@@ -60,7 +76,15 @@ class VisionSession:
     @device_run
     def __call__(self, pixels: Pixels) -> np.ndarray:
         feeds = {"pixel_values": pixels.values, **self.grid_feeds(tuple(pixels.grid))}
-        return self.session.run(None, feeds)[0]
+        if self.graphs is None:
+            return self.session.run(None, feeds)[0]
+        shapes = {name: value.shape for name, value in feeds.items()}
+        graph = self.graphs.graph(shapes, len(pixels.values), {self._output: (pixels.tokens, self._width)})
+        if graph is None:
+            return self.session.run(None, feeds, self._uncaptured)[0]
+        graph.run(feeds)
+        features = graph.outputs[self._output].numpy()
+        return features if features.flags.owndata else features.copy()  # a CPU buffer's view: the next replay rewrites it
 
 
 def _json(path: Path) -> Any:
@@ -79,7 +103,8 @@ def load_engine(path: Path, manifest: dict[str, Any], device: str = "cpu") -> Om
         Release.read({**release, "calibration": _json(path / "calibration.json")}, config),
         Tokenizer.from_file(str(path / "tokenizer.json")),
         Processor.from_config(processor_config, release["max_pixels"]),
-        VisionSession(path / VISION_GRAPH, config["vision_config"], device, manifest.get("provider_options")),
+        VisionSession(path / VISION_GRAPH, config["vision_config"], device, manifest.get("provider_options"),
+                      bool(manifest.get("vision_cuda_graphs"))),  # fmt: skip
         engine_runner(path, manifest, device, embedding),
         Heads.load(path / "heads.safetensors"),
         EngineLogProbs(embedding, device, manifest.get("provider_options")),

@@ -101,16 +101,18 @@ class GraphedSession:
         self._inputs = {value.name: value for value in self.session.get_inputs()}
         self._outputs = self.session.get_outputs()
 
-    def graph(self, shapes: Mapping[str, Sequence[int]], tokens: int) -> Graph | None:
+    def graph(self, shapes: Mapping[str, Sequence[int]], tokens: int, output_shapes: Mapping[str, Sequence[int]] | None = None) -> Graph | None:
         """The graph for inputs of these ``shapes`` (every input named) of a call of ``tokens`` tokens
-        (rows x width), made on first use; None past the limits."""
+        (rows x width), made on first use; None past the limits. ``output_shapes``: where the graph's outputs
+        have dimensions its inputs do not name (read off the inputs otherwise)."""
         key = tuple(sorted((name, tuple(shape)) for name, shape in shapes.items()))
         found = self.graphs.get(key)
         if found is not None or len(self.graphs) >= MAX_GRAPHS or tokens > MAX_GRAPH_TOKENS:
             return found
-        sizes = self._dimension_sizes(shapes)
         types = {value.name: value.type for value in self._outputs} | {name: self._inputs[name].type for name in shapes}
-        output_shapes = {value.name: [dim if isinstance(dim, int) else sizes[dim] for dim in value.shape] for value in self._outputs}
+        if output_shapes is None:
+            sizes = self._dimension_sizes(shapes)
+            output_shapes = {value.name: [dim if isinstance(dim, int) else sizes[dim] for dim in value.shape] for value in self._outputs}
         wanted = sum(_nbytes(types[name], shape) for name, shape in {**shapes, **output_shapes}.items())
         if wanted > MAX_GRAPH_BYTES or self.buffer_bytes + wanted > MAX_SESSION_GRAPH_BYTES:
             return None

@@ -21,6 +21,7 @@ from s1omni.runtime.errors import PackageError
 from s1omni.runtime.omnijev.model import OmniJevModel
 from s1omni.runtime.registry import user_registry
 from tests.cli import s1omni
+from tests.cuda_builds import needs_cuda
 from tests.server.serving import Server
 
 CALIB = Path(__file__).resolve().parents[2] / "calib" / "omnijev"
@@ -246,3 +247,76 @@ def test_the_vision_session_keeps_each_grid_s_inputs(engine_model: OmniJevModel,
     assert calls == [(1, 4, 8), (1, 8, 4)]
     assert not np.array_equal(features[(1, 4, 8)], features[(1, 8, 4)])
     assert not any(value.flags.writeable for value in vision.grid_feeds((1, 4, 8)).values())
+
+
+def test_vision_cuda_graphs_replay_the_tower_per_patch_count(engine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--vision-cuda-graphs``' fixed-buffer runs, on the CPU where nothing is captured: one graph per patch count
+    (4x8 and 8x4 share one, their grid inputs copied in each run), features equal to the plain session's, a
+    returned array not overwritten by the next replay, and past the limits an eager run."""
+    import numpy as np
+
+    from s1omni.runtime.omnijev.engine import VISION_GRAPH, VisionSession
+    from s1omni.runtime.omnijev.image import Pixels
+    from s1omni.runtime.runners import cuda_graphs
+
+    config = json.loads((engine / "config.json").read_text(encoding="utf-8"))["vision_config"]
+    width = int(config["in_channels"]) * int(config["temporal_patch_size"]) * int(config["patch_size"]) ** 2
+    merge = int(config["spatial_merge_size"])
+    plain = VisionSession(engine / VISION_GRAPH, config)
+    graphed = VisionSession(engine / VISION_GRAPH, config, cuda_graphs=True)
+    rng = np.random.default_rng(11)
+    grids = [(1, 4, 8), (1, 8, 4), (1, 6, 6), (1, 4, 8)]
+    pixels = [Pixels(rng.standard_normal((t * h * w, width)).astype(np.float32), (t, h, w), merge) for t, h, w in grids]
+    got = [graphed(image) for image in pixels]
+    for image, features in zip(pixels, got, strict=True):
+        assert np.array_equal(features, plain(image)), image.grid
+    assert sorted(graph.runs for graph in graphed.graphs.graphs.values()) == [1, 3]
+    monkeypatch.setattr(cuda_graphs, "MAX_GRAPH_TOKENS", 16)
+    eager = VisionSession(engine / VISION_GRAPH, config, cuda_graphs=True)
+    assert np.array_equal(eager(pixels[0]), got[0]) and not eager.graphs.graphs
+
+
+def test_vision_cuda_graphs_build_and_validate(exported: Path, omnijev_package: Path, tmp_path: Path) -> None:
+    """``s1omni build --target cuda --vision-cuda-graphs`` records it, and the engine (its manifest pointed at the
+    CPU, its Gated DeltaNet the CPU's ``LinearAttention``) passes its gate through the graphed tower; a CPU build
+    refuses the option (exit 2, nothing left)."""
+    from tests.cli import run_s1omni
+    from tests.cuda_builds import build_cuda_engine, validate_on_the_cpu
+
+    engine = tmp_path / "engine"
+    build_cuda_engine(exported, engine, "--vision-cuda-graphs", "--gated-delta-kernel", "LinearAttention")  # a CPU kernel
+    assert json.loads((engine / "manifest.json").read_text())["vision_cuda_graphs"] is True
+    assert validate_on_the_cpu(engine, omnijev_package, tmp_path / "report.json")["passed"]
+    refused = run_s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cpu", "--vision-cuda-graphs",
+                         "--out", str(tmp_path / "cpu"))  # fmt: skip
+    assert refused.returncode == 2 and "--vision-cuda-graphs is for onnxruntime/cuda" in refused.stderr
+    assert not (tmp_path / "cpu").exists()
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_vision_cuda_graphs_capture_and_replay_on_the_gpu(exported: Path, tmp_path: Path) -> None:
+    """On the CUDA EP: the tower captured once a patch count and replayed, its features those of the eager
+    session (the same kernels; 1e-6 of the largest value allows a reduction order), a returned array kept."""
+    import numpy as np
+
+    from s1omni.runtime.omnijev.engine import VISION_GRAPH, VisionSession
+    from s1omni.runtime.omnijev.image import Pixels
+    from tests.cuda_builds import build_cuda_engine
+
+    engine = tmp_path / "engine"
+    build_cuda_engine(exported, engine, "--precision", "bf16", "--fused-attention", "--attention-inputs", "fp16", "--vision-cuda-graphs")
+    manifest = json.loads((engine / "manifest.json").read_text())
+    config = json.loads((engine / "config.json").read_text(encoding="utf-8"))["vision_config"]
+    width = int(config["in_channels"]) * int(config["temporal_patch_size"]) * int(config["patch_size"]) ** 2
+    eager = VisionSession(engine / VISION_GRAPH, config, "cuda", manifest["provider_options"])
+    graphed = VisionSession(engine / VISION_GRAPH, config, "cuda", manifest["provider_options"], cuda_graphs=True)
+    rng = np.random.default_rng(5)
+    images = [Pixels(rng.standard_normal((t * h * w, width)).astype(np.float32), (t, h, w), int(config["spatial_merge_size"]))
+              for t, h, w in [(1, 4, 8), (1, 8, 4), (1, 14, 20), (1, 4, 8)]]  # fmt: skip
+    got = [graphed(image) for image in images]
+    for image, features in zip(images, got, strict=True):
+        expected = eager(image)
+        assert np.abs(features - expected).max() <= 1e-6 * np.abs(expected).max(), image.grid
+    assert sorted(graph.runs for graph in graphed.graphs.graphs.values()) == [1, 3]
+
