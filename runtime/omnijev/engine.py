@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 from ..engine import engine_runner
 from ..identity import Identity
 from ..runners.capture_lock import device_run
-from ..runners.cuda_graphs import UNCAPTURED, GraphedSession, run_options
+from ..runners.cuda_graphs import UNCAPTURED, GraphedSession, capture_options, run_options
 from ..runners.onnxruntime_runner import device_of, providers
 from .heads import Heads
 from .image import Pixels, Processor
@@ -57,8 +57,8 @@ class VisionSession:
                  cuda_graphs: bool = False):  # fmt: skip
         """``provider_options``: the engine manifest's, so the tower runs at the backbone's precision."""
         kind, device_id = device_of(device)
-        capture = {"enable_cuda_graph": 1} if cuda_graphs and kind == "cuda" else {}
-        self.session = onnxruntime.InferenceSession(str(path), providers=providers(kind, device_id, {**(provider_options or {}), **capture}))
+        options = {**(provider_options or {}), **capture_options(cuda_graphs, kind)}
+        self.session = onnxruntime.InferenceSession(str(path), providers=providers(kind, device_id, options))
         self.config = config
         self.grid_feeds = functools.lru_cache(maxsize=GRID_CACHE_SIZE)(self._grid_feeds)
         self.graphs = GraphedSession(self.session, kind, device_id) if cuda_graphs else None

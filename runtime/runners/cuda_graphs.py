@@ -109,9 +109,9 @@ class GraphedSession:
         found = self.graphs.get(key)
         if found is not None or len(self.graphs) >= MAX_GRAPHS or tokens > MAX_GRAPH_TOKENS:
             return found
+        sizes = self._dimension_sizes(shapes)
         types = {value.name: value.type for value in self._outputs} | {name: self._inputs[name].type for name in shapes}
         if output_shapes is None:
-            sizes = self._dimension_sizes(shapes)
             output_shapes = {value.name: [dim if isinstance(dim, int) else sizes[dim] for dim in value.shape] for value in self._outputs}
         wanted = sum(_nbytes(types[name], shape) for name, shape in {**shapes, **output_shapes}.items())
         if wanted > MAX_GRAPH_BYTES or self.buffer_bytes + wanted > MAX_SESSION_GRAPH_BYTES:
@@ -146,6 +146,11 @@ class GraphedSession:
 
 def _nbytes(onnx_type: str, shape: Sequence[int]) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(_NUMPY_TYPES[onnx_type]).itemsize
+
+
+def capture_options(cuda_graphs: bool, device: str) -> dict[str, int]:
+    """The CUDA EP options that let a session capture graphs: none off CUDA or without ``cuda_graphs``."""
+    return {"enable_cuda_graph": 1} if cuda_graphs and device == "cuda" else {}
 
 
 def run_options(graph_id: int) -> onnxruntime.RunOptions:

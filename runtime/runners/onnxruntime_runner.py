@@ -48,7 +48,7 @@ from onnx import TensorProto, helper
 from ..errors import EnvironmentMissing
 from .base import Block, Prefix, Tree, pad_blocks, text_positions
 from .capture_lock import device_run
-from .cuda_graphs import UNCAPTURED, Graph, GraphedSession, bucket, run_options
+from .cuda_graphs import UNCAPTURED, Graph, GraphedSession, bucket, capture_options, run_options
 from .packing import pack_blocks
 
 # The opset and IR version of the small graphs the runtime writes itself (the row gather here, OmniJev's
@@ -173,8 +173,7 @@ class OnnxRuntimeRunner:
         self.device, self._device_id = device_of(device)
         self.precision = precision
         chosen = providers(self.device, self._device_id, provider_options or {})
-        capture = {"enable_cuda_graph": 1} if cuda_graphs and self.device == "cuda" else {}
-        backbone = providers(self.device, self._device_id, {**(provider_options or {}), **capture})
+        backbone = providers(self.device, self._device_id, {**(provider_options or {}), **capture_options(cuda_graphs, self.device)})
         options = session_options(self.device)
         self._prefill = onnxruntime.InferenceSession(str(engine_dir / "prefill.onnx"), options, providers=backbone)
         self._continue = onnxruntime.InferenceSession(str(engine_dir / "continue.onnx"), options, providers=backbone)

@@ -50,6 +50,11 @@ def assert_same_answers(expected: dict[str, Any], got: dict[str, Any], tolerance
                 assert other[field] == value, (key, field)
 
 
+def patch_width(config: dict[str, Any]) -> int:
+    """The values of one patch in ``pixel_values``: channels x temporal x patch²."""
+    return int(config["in_channels"]) * int(config["temporal_patch_size"]) * int(config["patch_size"]) ** 2
+
+
 @pytest.fixture(scope="session")
 def exported(omnijev_package: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("omnijev-export") / "tiny"
@@ -232,7 +237,7 @@ def test_the_vision_session_keeps_each_grid_s_inputs(engine_model: OmniJevModel,
 
     vision = engine_model.vision
     config = vision.config
-    width = int(config["in_channels"]) * int(config["temporal_patch_size"]) * int(config["patch_size"]) ** 2
+    width = patch_width(config)
     calls: list[tuple[int, int, int]] = []
     computed = omnijev_engine.grid_inputs
     monkeypatch.setattr(omnijev_engine, "grid_inputs", lambda grid, cfg: calls.append(grid) or computed(grid, cfg))
@@ -260,7 +265,7 @@ def test_vision_cuda_graphs_replay_the_tower_per_patch_count(engine: Path, monke
     from s1omni.runtime.runners import cuda_graphs
 
     config = json.loads((engine / "config.json").read_text(encoding="utf-8"))["vision_config"]
-    width = int(config["in_channels"]) * int(config["temporal_patch_size"]) * int(config["patch_size"]) ** 2
+    width = patch_width(config)
     merge = int(config["spatial_merge_size"])
     plain = VisionSession(engine / VISION_GRAPH, config)
     graphed = VisionSession(engine / VISION_GRAPH, config, cuda_graphs=True)
@@ -308,7 +313,7 @@ def test_vision_cuda_graphs_capture_and_replay_on_the_gpu(exported: Path, tmp_pa
     build_cuda_engine(exported, engine, "--precision", "bf16", "--fused-attention", "--attention-inputs", "fp16", "--vision-cuda-graphs")
     manifest = json.loads((engine / "manifest.json").read_text())
     config = json.loads((engine / "config.json").read_text(encoding="utf-8"))["vision_config"]
-    width = int(config["in_channels"]) * int(config["temporal_patch_size"]) * int(config["patch_size"]) ** 2
+    width = patch_width(config)
     eager = VisionSession(engine / VISION_GRAPH, config, "cuda", manifest["provider_options"])
     graphed = VisionSession(engine / VISION_GRAPH, config, "cuda", manifest["provider_options"], cuda_graphs=True)
     rng = np.random.default_rng(5)
