@@ -39,8 +39,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--gated-delta-inputs",
         choices=["fp16", "fp32"],
         help="onnxruntime/cuda with the GatedDeltaNet kernel only: the type of its q, k and v (default fp32, which runs its "
-        "sequential engine at every length; fp16, at --precision bf16 only and opt-in until validated on the H200 at "
-        "every size (the 0.8B passes), is what its chunked tensor-core prefill engine needs for head size 128); the "
+        "sequential engine at every length; fp16, at --precision bf16 only and opt-in (validated on the H200 at every "
+        "member size, not on the tiny member), is what its chunked tensor-core prefill engine needs for head size 128); the "
         "state, decay and beta stay float32",
     )
     parser.add_argument(
@@ -61,7 +61,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--fused-mixers",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="onnxruntime/cuda only, opt-in until validated on an H200: each Gated DeltaNet short convolution (with its "
+        help="onnxruntime/cuda only, opt-in (validated on the H200 at every member size): each Gated DeltaNet short convolution (with its "
         "SiLU) as one CausalConvWithState and each gated output norm as one GatedRMSNorm, ONNX Runtime contrib ops",
     )
     parser.add_argument(
@@ -89,7 +89,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--vision-cuda-graphs",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="onnxruntime/cuda, vision members (OmniJev) only, opt-in until validated on an H200: replay the vision tower "
+        help="onnxruntime/cuda, vision members (OmniJev) only, opt-in (validated on the H200): replay the vision tower "
         "as a CUDA graph per patch count, which images of one size share (the first image of each runs it three times "
         "to capture it; at most s1omni.runtime.runners.cuda_graphs.MAX_GRAPHS of them, the others run eagerly)",
     )

@@ -66,7 +66,7 @@ CPU EP runs the op in float32 and drops the round-trip casts); ``tests/test_atte
 to that and runs both on the CUDA EP on the device.
 
 ``s1omni build --backend onnxruntime --target cuda --fused-attention [--attention-inputs fp16]`` runs it
-(opt-in; the manifest and ``build --json`` say ``fused_attention`` and ``attention_inputs``). On the H200 the
+(opt-in, docs/validation.md; the manifest and ``build --json`` say ``fused_attention`` and ``attention_inputs``). On the H200 the
 0.8B's bf16 engine PASSED ``gpu-reduced`` with it in either type; float16 took the router request from 90.8 to
 88.2 ms and eight merged ones from 469 to 411 ms. CPU and TensorRT builds refuse the option: TensorRT parses no
 contrib op, and CPU engines run the portable graphs, which attend in chunks already.

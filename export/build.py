@@ -13,17 +13,16 @@ execution provider options to run them with:
   fastest: weight GEMMs in bfloat16, ``s1omni.export.bf16_gemms``, held to the gpu-reduced gate), ``fp32``
   (TF32 off; for parity work, the gpu gate), ``tf32`` or ``fp8``, the reduced copy ``max_speed`` serves
   (weight GEMMs in float8 e4m3, ``s1omni.export.fp8_gemms``; no CUDA graphs; held to the consent gate
-  against the exact engine, ``s1omni.export.consent``, not to a validation gate). Two bf16 options are opt-in until H200 records
-  show builds with them passing gpu-reduced and faster at every member size (the 0.8B's does,
-  ``benchmarks/h200-0.8B-gdn16``): ``--gated-delta-inputs fp16`` feeds the GatedDeltaNet
-  nodes float16 q/k/v, which their chunked prefill engine needs, and ``--merged-projections`` merges the
-  projections that read one activation into one GEMM each (``s1omni.export.merged_projections``); fp32 and tf32
-  builds keep the exported graph's. ``--fused-mixers``, at every precision, is opt-in until H200 records validate
-  it too: each Gated DeltaNet short convolution and gated output norm becomes one contrib op
-  (``s1omni.export.mixer_fusions``). ``--fused-attention`` (every precision, opt-in: ONNX Runtime 1.31.1's
-  CUTLASS kernel refused its float32 call on the H200 at head size 256, ``docs/validation.md``)
-  makes each full-attention layer's scores, mask, softmax and weighted sum one ``MultiHeadAttention``
-  (``s1omni.export.attention_fusions``). TF32 matmuls are
+  against the exact engine, ``s1omni.export.consent``, not to a validation gate). Four options are opt-in:
+  ``--gated-delta-inputs fp16`` (bf16) feeds the GatedDeltaNet nodes float16 q/k/v, which their chunked prefill
+  engine needs; ``--merged-projections`` (bf16) merges the projections that read one activation into one GEMM
+  each (``s1omni.export.merged_projections``); ``--fused-mixers`` makes each Gated DeltaNet short convolution and
+  gated output norm one contrib op (``s1omni.export.mixer_fusions``); ``--fused-attention`` makes each
+  full-attention layer's scores, mask, softmax and weighted sum one ``MultiHeadAttention``
+  (``s1omni.export.attention_fusions``; ``--attention-inputs fp16`` on bf16 builds). fp32 and tf32 builds keep the
+  exported graph's inputs. The first, third and fourth together passed gpu-reduced on the H200 at every member
+  size and are faster there (``benchmarks/h200-9B-attn16``), but the tiny member's bf16 engine with them missed
+  it (docs/validation.md), so none is a default yet. TF32 matmuls are
   faster but flipped 2 of 24 span sets of the 0.8B synthetic member on the H200, a GPU-gate miss
   (``benchmarks/h200-0.8B-kernels``). Their norms and sigmoids become single ONNX Runtime ops
   (``s1omni.export.cuda_fusions``) unless ``--no-op-fusion``. By default (``--no-cuda-graphs`` turns it off) the runner replays each

@@ -19,7 +19,7 @@ engine needs float16 q/k/v, ``head_size_qk == head_size_v == 128``, equal q and 
 multiple of them, a scalar decay per head, at least 32 tokens a row, SM80 or newer; otherwise the
 sequential engine runs, one warp per state column (``GatedDeltaNetDecodeWarpKernel``), which with
 float32 q/k/v still beats ``LinearAttention`` by 2–29% on the H200 (``benchmarks/h200-0.8B-kernels``).
-``inputs="fp16"`` (``--gated-delta-inputs fp16``, opt-in for bf16 builds until H200 records validate it at every member size; the 0.8B's does) feeds q, k and v to the node in float16 and
+``inputs="fp16"`` (``--gated-delta-inputs fp16``, opt-in for bf16 builds: validated on the H200 at every member size, not on the tiny member, docs/validation.md) feeds q, k and v to the node in float16 and
 casts its output back to float32; the state, decay and beta stay float32, as the schema has them
 whatever the activations' type. ``chunked_prefill`` says which of the conditions a graph meets. On
 the H200 (ONNX Runtime 1.31.1, 4 heads of 128, continuing from a random state) that spelling gave

@@ -35,8 +35,9 @@ shape. Anything else is left as exported. Both rewrites change float32 rounding 
 the norm and sigmoid fusion, on the spelling the export wrote, and accept a SiLU already written
 ``x · Sigmoid(x)``.
 
-``s1omni build --backend onnxruntime --target cuda --fused-mixers`` runs them (opt-in until H200 records
-validate it; the manifest and ``build --json`` say ``fused_mixers``). CPU and TensorRT builds refuse the
+``s1omni build --backend onnxruntime --target cuda --fused-mixers`` runs them (opt-in: validated on the
+H200 at every member size with the float16 options, not on the tiny member, docs/validation.md; the manifest and
+``build --json`` say ``fused_mixers``). CPU and TensorRT builds refuse the
 option: TensorRT parses no contrib op, and on the CPU EP the ops' kernels are slower than the exported
 spelling (the tiny member's 512-token prefill on one thread: 17.5 -> 20.6 ms for the Scan graph, 10.3 ->
 13.9 ms for the LinearAttention one).

@@ -19,8 +19,10 @@
 #   build     ONNX Runtime CUDA engines: one per $KERNELS (GatedDeltaNet, LinearAttention) and $PRECISIONS
 #             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16; tf32; suffixes: "/unfused" builds
 #             with --no-op-fusion, "/graphs" with --cuda-graphs, "/gdn16" with --gated-delta-inputs fp16, "/merged" with --merged-projections,
-#             "/mixers" with --fused-mixers, "/attn" with --fused-attention, "/attn16" with it in float16 (bf16 builds),
-#             "/vgraphs" with --vision-cuda-graphs (omnijev-4B),
+#             "/mixers" with --fused-mixers, "/attn" with --fused-attention in float32, "/attn16" with it in float16
+#             (bf16 builds), "/vgraphs" with --vision-cuda-graphs (omnijev-4B); a variant without graphs, gdn16, mixers
+#             or attn/attn16 builds with --no-cuda-graphs, --gated-delta-inputs fp32, --no-fused-mixers or
+#             --no-fused-attention, so that a variant builds what it says whatever the build's defaults,
 #             e.g. fp32/graphs; a bf16 before/after run: PRECISIONS=bf16/graphs,bf16/graphs/gdn16,bf16/graphs/gdn16/merged)
 #   validate  each engine at the GPU gate against the float32 torch reference on the same GPU
 #   merged    each engine's merged forwards against its forwards alone (s1omni validate --merged $MERGED, 8 by
@@ -124,9 +126,10 @@ if wants build; then
     # Explicit either way, so a variant's name says what it built.
     if has "$precision" gdn16; then flags+=(--gated-delta-inputs fp16); else flags+=(--gated-delta-inputs fp32); fi
     if has "$precision" merged; then flags+=(--merged-projections); fi
-    if has "$precision" mixers; then flags+=(--fused-mixers); fi
-    if has "$precision" attn; then flags+=(--fused-attention); fi
-    if has "$precision" attn16; then flags+=(--fused-attention --attention-inputs fp16); fi
+    if has "$precision" mixers; then flags+=(--fused-mixers); else flags+=(--no-fused-mixers); fi
+    if has "$precision" attn; then flags+=(--fused-attention --attention-inputs fp32)
+    elif has "$precision" attn16; then flags+=(--fused-attention --attention-inputs fp16)
+    else flags+=(--no-fused-attention); fi
     if has "$precision" vgraphs; then flags+=(--vision-cuda-graphs); fi
     s1omni build "$exp" --backend onnxruntime --target cuda --gated-delta-kernel "${variant%:*}" --precision "${precision%%/*}" \
       "${flags[@]}" --out "$(engine "$variant")"

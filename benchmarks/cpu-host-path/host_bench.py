@@ -12,9 +12,9 @@ which the editable install's finder only serves when no ``s1omni`` is found ther
 The record names the runtime it timed (``runtime``) and the SHA-256 of the request's JSON answer
 (``answer_sha256``): before and after must answer the same bytes.
 
-The request is ``calib/vela2`` case router-signals-600, planned for real on a 0.8B-shaped synthetic
-member: its config, calibration and tokenizer (``runtime.synth.vela2``) and random head tensors of
-its shapes (hidden 1,024, d 256). No backbone is built: the runner here only stands for one in the
+The request is ``calib/vela2`` case router-signals-600, planned for real on a synthetic member of
+``--size`` (0.8B unless told): its config, calibration and tokenizer (``runtime.synth.vela2``) and random
+head tensors of its shapes (0.8B: hidden 1,024, d 256; 9B: hidden 4,096). No backbone is built: the runner here only stands for one in the
 model's constructor, and the hidden states ``forward`` would return are random, one
 ``[len(block.readouts), hidden]`` float32 array per block of the plan's trees. That is a benchmark
 input, never a test of a user path.
@@ -54,7 +54,7 @@ from s1omni.runtime.synth import vela2 as synth
 from s1omni.runtime.synth.tokenizer import train_tokenizer
 from s1omni.runtime.vela2.model import Vela2Model, Vela2Plan
 
-SIZE, CASE = "0.8B", "router-signals-600"
+CASE = "router-signals-600"
 
 
 class StatesOnly:
@@ -76,15 +76,15 @@ def _weights(shapes: list[tuple[str, tuple[int, ...]]], prefixes: tuple[str, ...
     return out
 
 
-def model(rng: np.random.Generator, directory: Path) -> Vela2Model:
-    shapes = synth.tensor_shapes(SIZE)
+def model(rng: np.random.Generator, directory: Path, size: str) -> Vela2Model:
+    shapes = synth.tensor_shapes(size)
     heads = _weights(shapes["model"] + shapes["broad"], ("head.", "set_bias", "span2.", "span_broad."), rng)
     tokenizer = directory / "tokenizer.json"
     tokenizer.write_text(train_tokenizer(synth.TOKENIZER_VOCAB), encoding="utf-8")
-    name = synth.member_name(SIZE, 0)
+    name = synth.member_name(size, 0)
     identity = Identity(name, f"synthetic/{name}", "0" * 40, "0" * 64, "0" * 64, "apache-2.0", 0, True)
-    hidden = synth.SIZES[SIZE].backbone.hidden
-    return Vela2Model(identity, synth.config(SIZE, 0), synth.calibration(), tokenizer, heads, StatesOnly(hidden))  # type: ignore[arg-type]
+    hidden = synth.SIZES[size].backbone.hidden
+    return Vela2Model(identity, synth.config(size, 0), synth.calibration(), tokenizer, heads, StatesOnly(hidden))  # type: ignore[arg-type]
 
 
 def states(plan: Vela2Plan, hidden: int, rng: np.random.Generator) -> list[list[np.ndarray]]:
@@ -151,6 +151,7 @@ def profile(vela: Vela2Model, plan: Vela2Plan, hidden: list[list[np.ndarray]], r
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", required=True, help="before (main's runtime) or after")
+    parser.add_argument("--size", default="0.8B", choices=[s for s in synth.SIZES if s != "tiny"], help="the member whose head shapes are timed")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--repeats", type=int, default=30, help="requests timed one at a time")
     parser.add_argument("--threads", type=int, default=8, help="threads running requests at once")
@@ -160,7 +161,7 @@ def main() -> None:
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as directory:
-        vela = model(rng, Path(directory))
+        vela = model(rng, Path(directory), args.size)
     case = next(c for c in json.loads((CALIB / "vela2" / "cases.json").read_text(encoding="utf-8"))["cases"] if c["name"] == CASE)
     plan = vela.plan(case["request"])
     hidden = states(plan, vela.runner.hidden_size, rng)
@@ -183,7 +184,7 @@ def main() -> None:
         "answer_sha256": hashlib.sha256(answer_bytes).hexdigest(),
         "request": {
             "case": CASE,
-            "member_shapes": SIZE,
+            "member_shapes": args.size,
             "input_tokens": plan.input_tokens,
             "span_blocks": sum(b.is_span for b in blocks),
             "candidate_blocks": sum(not b.is_span for b in blocks),
