@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from s1omni.runtime.api import load_model
-from s1omni.runtime.engine import load_engine_model, read_manifest, validated
+from s1omni.runtime.engine import build_facts, load_engine_model, read_manifest, validated
 from s1omni.runtime.errors import InputError, UsageError
 from s1omni.runtime.package import detect_family
 from s1omni.runtime.progress import note, track
@@ -34,10 +34,6 @@ from .workloads import Workload
 
 PROFILE_ITERATIONS = 5
 MEMBER_KEYS = ("id", "family", "repo", "revision", "model_sha256", "manifest_sha256", "parameters", "weights")
-ENGINE_KEYS = (
-    "backend", "target", "device", "precision", "recurrence", "gated_delta_kernel", "gated_delta_inputs", "op_fusion", "merged_projections",
-    "fused_mixers", "fused_attention", "attention_inputs", "cuda_graphs", "library", "library_version", "provider_options",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -104,7 +100,7 @@ def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
 def engine_facts(path: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return {
         "engine_dir": str(path),
-        **{key: manifest.get(key) for key in ENGINE_KEYS},
+        **build_facts(manifest),
         "member": manifest["member"]["name"],
         "revision": manifest["member"]["revision"],
         "validated": validated(manifest),

@@ -5,11 +5,6 @@ import argparse
 from . import add_force, add_json, add_quiet, emit, make_room
 
 HELP = "build an engine from an export directory: ONNX Runtime (cpu, cuda) or a TensorRT plan (sm_XX)"
-# The manifest fields --json reports beside the engine directory and its member.
-ENGINE_KEYS = (
-    "backend", "target", "precision", "recurrence", "gated_delta_kernel", "gated_delta_inputs", "op_fusion", "merged_projections",
-    "fused_mixers", "fused_attention", "attention_inputs", "cuda_graphs", "vision_cuda_graphs",
-)  # fmt: skip
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +94,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from s1omni.export.build import build, default_engine_dir
-    from s1omni.runtime.engine import read_manifest
+    from s1omni.runtime.engine import build_facts, read_manifest
 
     out = args.out or default_engine_dir(read_manifest(args.export_dir), args.backend, args.target)
     make_room(out, "engine", args.force)
@@ -109,6 +104,6 @@ def run(args: argparse.Namespace) -> int:
         fused_attention=args.fused_attention, attention_inputs=args.attention_inputs, vision_cuda_graphs=args.vision_cuda_graphs,
     )  # fmt: skip
     manifest = read_manifest(out)
-    result = {"engine": str(out), **{key: manifest.get(key) for key in ENGINE_KEYS}, "member": manifest["member"]}
+    result = {"engine": str(out), **build_facts(manifest), "member": manifest["member"]}
     emit(args, result, f"built {args.backend}/{args.target} engine in {out}; validate it with `s1omni validate {out} --package PKG`")
     return 0

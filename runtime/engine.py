@@ -18,6 +18,7 @@ another validator version (``VALIDATOR_VERSION``): each asks for validation agai
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -37,6 +38,13 @@ MANIFEST = "manifest.json"
 # The validator's checks: raised whenever what they hold an engine to changes (2: failures fail every
 # gate, tensors per case, the tie rule, gpu-reduced against the BF16 reference).
 VALIDATOR_VERSION = 2
+# What a manifest says of how its engine was built: reported by ``s1omni build --json``, carried by benchmark
+# records and by validation reports, so that each names the build it describes.
+BUILD_KEYS = (
+    "backend", "target", "device", "precision", "recurrence", "gated_delta_kernel", "gated_delta_inputs", "op_fusion",
+    "merged_projections", "fused_mixers", "fused_attention", "attention_inputs", "cuda_graphs", "vision_cuda_graphs",
+    "library", "library_version", "provider_options",
+)  # fmt: skip
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -65,6 +73,17 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     names = [name for name in present_files(path) if name != MANIFEST]
     pins = dict(zip(names, pinned_sha256([path / name for name in names]), strict=True))
     _replace_manifest(path, {**manifest, "files": pins})
+
+
+def build_facts(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``BUILD_KEYS`` (None where an older build did not record one)."""
+    return {key: manifest.get(key) for key in BUILD_KEYS}
+
+
+def files_digest(manifest: dict[str, Any]) -> str:
+    """One SHA-256 over the pinned files' names and digests: two engines share it only if every file is the same."""
+    pinned = json.dumps(sorted((manifest.get("files") or {}).items()), separators=(",", ":"))
+    return hashlib.sha256(pinned.encode("utf-8")).hexdigest()
 
 
 def record_validation(path: Path, validation: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ from s1omni.export.compare_answers import compare
 from s1omni.export.cpu_exp import exp_in_float64
 from s1omni.calib import CALIB
 from s1omni.export.reference import read_record
-from s1omni.runtime.engine import VALIDATOR_VERSION, read_manifest, record_validation
+from s1omni.runtime.engine import VALIDATOR_VERSION, build_facts, files_digest, read_manifest, record_validation
 from s1omni.runtime.errors import EnvironmentMissing, PackageError
 from tests.cli import run_s1omni, s1omni
 from tests.cuda_builds import needs_cuda
@@ -172,6 +172,10 @@ def test_validate_meets_the_cpu_gate_and_records_it(cpu_engine: Path, cpu_valida
     assert report["summary"]["hidden_rel_l2"] <= report["gate"]["tensor"]["rel_l2"] and report["bf16_reference"] is None
     manifest = json.loads((cpu_engine / "manifest.json").read_text())
     assert manifest["validation"]["passed"] and manifest["backend"] == "onnxruntime" and manifest["target"] == "cpu"
+    # The report names what it judged: the build and one digest of the engine's pinned files.
+    assert report["engine"] == manifest["validation"]["engine"] == {
+        "member": manifest["member"]["name"], "files_sha256": files_digest(manifest), **build_facts(manifest)}  # fmt: skip
+    assert report["engine"]["precision"] == "fp32" and report["engine"]["gated_delta_kernel"] == "Scan"
     assert manifest["validation"]["validator_version"] == VALIDATOR_VERSION and manifest["validation"]["gate"]["version"] >= 2
 
 
@@ -290,3 +294,14 @@ def test_engine_graphs_follow_the_exported_recurrences(tmp_path: Path) -> None:
     (tmp_path / "packed.fused.onnx").unlink()  # an export from before the packed graph builds without it
     del fused["packed.onnx"]
     assert ort_files(tmp_path, "cuda") == ("fused", fused)
+
+
+def test_the_files_digest_names_an_engine_s_files() -> None:
+    """One digest of the pinned files, whatever their order in the manifest: any file's digest changes it, and so do
+    a file added or renamed."""
+    files = {"prefill.onnx": "a" * 64, "heads.safetensors": "b" * 64}
+    digest = files_digest({"files": files})
+    assert digest == files_digest({"files": dict(reversed(files.items()))}) and len(digest) == 64
+    assert digest != files_digest({"files": {**files, "heads.safetensors": "c" * 64}})
+    assert digest != files_digest({"files": {**files, "vision.onnx": "d" * 64}})
+    assert digest != files_digest({"files": {"continue.onnx": "a" * 64, "heads.safetensors": "b" * 64}})
