@@ -26,9 +26,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--gated-delta-kernel",
-        choices=["GatedDeltaNet", "LinearAttention"],
-        help="onnxruntime/cuda only: the contrib op running the fused Gated DeltaNet rule (default GatedDeltaNet, "
-        "a warp per state column for float32 inputs; LinearAttention, slower, also runs on the CPU)",
+        choices=["GatedDeltaNet", "LinearAttention", "ChunkedGatedDeltaRule"],
+        help="onnxruntime/cuda only: the op running the fused Gated DeltaNet rule (default GatedDeltaNet, "
+        "a warp per state column for float32 inputs; LinearAttention, slower, also runs on the CPU; ChunkedGatedDeltaRule, "
+        "at --precision bf16 only and opt-in, flash-linear-attention's chunked kernels compiled ahead of time for --cuda-arch "
+        "into a custom op library the engine carries: needs triton, fla-core, g++ and ONNX Runtime's C API headers, which "
+        "`make setup` installs)",
+    )
+    parser.add_argument(
+        "--cuda-arch",
+        type=int,
+        metavar="SM",
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule: the compute capability to compile its kernels for, as one "
+        "number (90: sm_90, the H100 and H200; default the visible GPU's; a build machine needs no GPU)",
     )
     parser.add_argument(
         "--gated-delta-inputs",
@@ -102,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         args.export_dir, args.backend, args.target, out, args.precision, args.gated_delta_kernel, args.op_fusion, args.cuda_graphs,
         gated_delta_inputs=args.gated_delta_inputs, merged_projections=args.merged_projections, fused_mixers=args.fused_mixers,
         fused_attention=args.fused_attention, attention_inputs=args.attention_inputs, vision_cuda_graphs=args.vision_cuda_graphs,
+        cuda_arch=args.cuda_arch,
     )  # fmt: skip
     manifest = read_manifest(out)
     result = {"engine": str(out), **build_facts(manifest), "member": manifest["member"]}

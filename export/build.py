@@ -55,11 +55,11 @@ from .attention_fusions import fuse_attention
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
 from .cpu_exp import exp_in_float64
 from .cuda_fusions import fuse_norms, fuse_sigmoids
-from .cuda_kernels import INPUT_TYPES, KERNELS, chunked_prefill, use_gated_delta_net
+from .cuda_kernels import INPUT_TYPES, KERNELS, chunked_prefill, state_shapes, use_gated_delta_kernel
 from .fp8_gemms import FP8_FILE, use_fp8_gemms
 from .merged_projections import merge_projections
 from .mixer_fusions import fuse_gated_norms, fuse_short_convolutions
-from .naming import GRAPHS, RECURRENCES, graph_file
+from .naming import GRAPHS, OP_TYPE, RECURRENCES, graph_file
 
 SHARED_FILES = ("heads.safetensors", "tokenizer.json", "config.json", "calibration.json")
 ORT_TARGETS = ("cpu", "cuda")
@@ -137,8 +137,8 @@ def _graph_rewrites(
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
     if target == "cpu":
         rewrites["float64 Exp nodes"] = exp_in_float64
-    if kernel == "GatedDeltaNet":  # a fused graph (kernel implies fused)
-        rewrites["GatedDeltaNet nodes"] = lambda graph: use_gated_delta_net(graph, inputs)
+    if kernel in ("GatedDeltaNet", OP_TYPE):  # a fused graph (kernel implies fused)
+        rewrites[f"{kernel} nodes"] = lambda graph: use_gated_delta_kernel(graph, kernel, inputs)
     if mixers:
         rewrites["CausalConvWithState nodes"] = fuse_short_convolutions
         rewrites["GatedRMSNorm nodes"] = fuse_gated_norms
@@ -159,10 +159,15 @@ def _graph_rewrites(
 
 
 def _gated_delta_inputs(requested: str | None, kernel: str | None, precision: str) -> str:
-    """The type of the GatedDeltaNet nodes' q/k/v: float32 unless float16 is asked for (bf16 builds only)."""
+    """The type of the GatedDeltaNet nodes' q/k/v: float32 unless float16 is asked for (bf16 builds only);
+    ChunkedGatedDeltaRule's are float16 (bf16 builds only)."""
     reduced = kernel == "GatedDeltaNet" and precision == "bf16"
     if requested not in (None, *INPUT_TYPES):
         raise UsageError(f"--gated-delta-inputs is one of {', '.join(INPUT_TYPES)}")
+    if kernel == OP_TYPE:
+        if precision != "bf16" or requested == "fp32":
+            raise UsageError(f"--gated-delta-kernel {OP_TYPE} takes float16 q/k/v: it is for --precision bf16 builds")
+        return "fp16"
     if requested == "fp16" and not reduced:
         raise UsageError("--gated-delta-inputs fp16 is for --precision bf16 builds with the GatedDeltaNet kernel")
     return requested or "fp32"
@@ -207,6 +212,7 @@ def build(
     fused_attention: bool = False,
     attention_inputs: str | None = None,
     vision_cuda_graphs: bool = False,
+    cuda_arch: int | None = None,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
@@ -216,7 +222,8 @@ def build(
     (``s1omni.export.merged_projections``; bf16 builds only), ``fused_mixers``
     (``s1omni.export.mixer_fusions``), ``fused_attention`` (``s1omni.export.attention_fusions``) and ``attention_inputs``,
     the type of its q/k/v (``INPUT_TYPES``; None: fp32), ``vision_cuda_graphs`` (a vision member's tower replayed as a
-    CUDA graph per patch count, ``s1omni.runtime.omnijev.engine.VisionSession``; opt-in)."""
+    CUDA graph per patch count, ``s1omni.runtime.omnijev.engine.VisionSession``; opt-in) and ``cuda_arch``, the
+    compute capability ``ChunkedGatedDeltaRule``'s kernels are compiled for (None: the visible GPU's)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -248,11 +255,20 @@ def build(
             recurrence, files = ort_files(export_dir, target)
             if vision_cuda_graphs and VISION_GRAPH not in files:
                 raise UsageError(f"--vision-cuda-graphs is for vision members: {export_dir} has no {VISION_GRAPH}")
-            kernel = kernel or (KERNELS[-1] if target == "cuda" and recurrence == "fused" else None)
+            kernel = kernel or ("GatedDeltaNet" if target == "cuda" and recurrence == "fused" else None)
             if kernel and (target != "cuda" or recurrence != "fused" or kernel not in KERNELS):
                 raise UsageError(f"--gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
             op_fusion = op_fusion and target == "cuda"
             inputs = _gated_delta_inputs(gated_delta_inputs, kernel, precision)
+            if cuda_arch is not None and kernel != OP_TYPE:
+                raise UsageError(f"--cuda-arch is the GPU architecture --gated-delta-kernel {OP_TYPE} compiles its kernels for")
+            if kernel == OP_TYPE:
+                from .gdn_library import build_library, visible_cuda_arch
+
+                cuda_arch = cuda_arch or visible_cuda_arch()
+                if cuda_arch is None:
+                    raise UsageError(f"--gated-delta-kernel {OP_TYPE}: no GPU here to compile for; name one with --cuda-arch (90: sm_90)")
+            shapes: list[tuple[int, int, int]] = []
             merged_projections = merged_projections and precision == "bf16"
             attention = _attention_inputs(attention_inputs, fused_attention, precision)
             rewrites = _graph_rewrites(target, kernel, inputs, precision, recurrence, op_fusion, merged_projections,
@@ -263,6 +279,8 @@ def build(
                     graph = onnx.load(str(export_dir / source), load_external_data=False)
                     if kernel == "GatedDeltaNet":  # said before the rewrite replaces the nodes it reads
                         progress.note(f"onnxruntime/{target}: {name}: {chunked_prefill(graph, inputs)}")
+                    if kernel == OP_TYPE:
+                        shapes += state_shapes(graph)
                     done = ", ".join(f"{rewrite(graph)} {what}" for what, rewrite in rewrites.items())
                     onnx.save(graph, str(stage / name))
                     progress.note(f"onnxruntime/{target}: {name}: {done}")
@@ -277,6 +295,11 @@ def build(
                     continue
                 progress.note(f"onnxruntime/{target}: {source} -> {name}")
                 link_or_copy(export_dir / source, stage / name)
+            library = None
+            if kernel == OP_TYPE:
+                progress.note(f"onnxruntime/{target}: compiling {OP_TYPE} for sm_{cuda_arch}, head shapes {sorted(set(shapes))} ...")
+                library = build_library(stage, shapes, cuda_arch)
+                progress.note(f"onnxruntime/{target}: {library['library']} (Triton {library['triton_version']}, fla {library['fla_version']})")
             record = {
                 "backend": "onnxruntime",
                 "library": "onnxruntime",
@@ -294,6 +317,7 @@ def build(
                 "attention_inputs": attention,
                 "cuda_graphs": cuda_graphs,
                 "vision_cuda_graphs": vision_cuda_graphs,
+                "gated_delta_library": library,
                 "provider_options": ORT_PRECISIONS[target][precision],
             }
         elif backend == "tensorrt":

@@ -1,4 +1,5 @@
-"""The CUDA build's Gated DeltaNet rewrite: each ``LinearAttention`` node becomes ``GatedDeltaNet``.
+"""The CUDA build's Gated DeltaNet rewrite: each ``LinearAttention`` node becomes ``GatedDeltaNet`` or
+``ChunkedGatedDeltaRule``.
 
 Both are ONNX Runtime ``com.microsoft`` contrib ops computing the same gated delta rule (schemas in
 ONNX Runtime 1.31, ``onnxruntime/core/graph/contrib_ops``). ``LinearAttention`` has CPU and CUDA
@@ -27,6 +28,12 @@ the H200 (ONNX Runtime 1.31.1, 4 heads of 128, continuing from a random state) t
 to 2,048 tokens; at 2,048 tokens (16 heads) its output was the pinned chunked plan's
 (``ORT_GDN_PLAN=chunked``) bit for bit, and not the sequential plan's.
 
+``ChunkedGatedDeltaRule`` (domain ``ai.s1omni``) is this project's custom op: flash-linear-attention's
+chunked forward compiled ahead of time for the engine's GPU (``s1omni.export.gdn_library``, which also
+states its schema). It takes the rank-4 spelling with float16 q, k, v and output, and the state key-major,
+as ``LinearAttention`` keeps it (no transposes); the decay and beta stay float32. Its scale is
+1/sqrt(Dk) as the schema's default, written out, so the head sizes come from the graph's state shapes.
+
 The kernel's own gating (``gate_activation`` ``qwen``, ``beta_activation`` ``sigmoid``, ``qk_l2_norm``)
 is not used: the prefill graph multiplies the gated log-decay by its realignment mask after the gate
 (``s1omni.export.patches``: a left-padded row's tail must not decay), which no input of the in-kernel
@@ -40,13 +47,26 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .cuda_fusions import attribute
-from .naming import CONTRIB_DOMAIN
+from .naming import CONTRIB_DOMAIN, OP_DOMAIN, OP_TYPE
 
-KERNELS = ("LinearAttention", "GatedDeltaNet")
+KERNELS = ("LinearAttention", "GatedDeltaNet", OP_TYPE)
 # The element type GatedDeltaNet's q, k, v and output take per ``inputs`` choice.
 INPUT_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16}
 CHUNKED_HEAD_SIZE = 128  # the only head size of the chunked engine
 CHUNKED_MIN_TOKENS = 32  # per row: below it the plan takes the sequential engine
+
+
+def _head_reshapes(node: onnx.NodeProto, index: int) -> tuple[str, list[onnx.TensorProto]]:
+    """The tag of the ``index``-th rewritten ``LinearAttention`` node, and the reshape targets between its packed
+    ``[B, T, H*D]`` tensors and the kernels' ``[B, T, H, D]`` (``{tag}.heads``, ``{tag}.packed``)."""
+    tag = f"gdn{index}"
+    heads = attribute(node, "q_num_heads")
+    if attribute(node, "kv_num_heads") != heads:
+        raise ValueError(f"{node.name}: grouped LinearAttention is not rewritten")
+    return tag, [
+        numpy_helper.from_array(np.array([0, 0, heads, -1], np.int64), f"{tag}.heads"),
+        numpy_helper.from_array(np.array([0, 0, -1], np.int64), f"{tag}.packed"),
+    ]
 
 
 def gated_delta_net_nodes(
@@ -56,10 +76,7 @@ def gated_delta_net_nodes(
     with q, k, v and the output in ``inputs``'s type (``INPUT_TYPES``), and the reshape targets it adds."""
     query, key, value, state, decay, beta = node.input
     output, present = node.output
-    tag = f"gdn{index}"
-    heads = attribute(node, "q_num_heads")
-    if attribute(node, "kv_num_heads") != heads:
-        raise ValueError(f"{node.name}: grouped LinearAttention is not rewritten")
+    tag, constants = _head_reshapes(node, index)
     cast = INPUT_TYPES[inputs] != TensorProto.FLOAT
     nodes = []
     for name in (query, key, value):
@@ -82,20 +99,68 @@ def gated_delta_net_nodes(
         helper.make_node("Reshape", [f"{tag}.output", f"{tag}.packed"], [output], name=f"{tag}/pack"),
         helper.make_node("Transpose", [f"{tag}.state_out"], [present], perm=[0, 1, 3, 2], name=f"{tag}/state_out"),
     ]
-    return nodes, [
-        numpy_helper.from_array(np.array([0, 0, heads, -1], np.int64), f"{tag}.heads"),
-        numpy_helper.from_array(np.array([0, 0, -1], np.int64), f"{tag}.packed"),
+    return nodes, constants
+
+
+def chunked_rule_nodes(
+    node: onnx.NodeProto, index: int, key_size: int
+) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """The ``ChunkedGatedDeltaRule`` spelling of one ``LinearAttention`` node whose keys have ``key_size``
+    elements a head, and the reshape targets it adds."""
+    query, key, value, state, decay, beta = node.input
+    output, present = node.output
+    tag, constants = _head_reshapes(node, index)
+    nodes = []
+    for name in (query, key, value):
+        nodes.append(helper.make_node("Cast", [name], [f"{name}.{tag}.fp16"], to=TensorProto.FLOAT16, name=f"{tag}/cast_{name}"))
+        nodes.append(helper.make_node("Reshape", [f"{name}.{tag}.fp16", f"{tag}.heads"], [f"{name}.{tag}"], name=f"{tag}/reshape_{name}"))
+    nodes += [
+        helper.make_node(
+            OP_TYPE,
+            [f"{query}.{tag}", f"{key}.{tag}", f"{value}.{tag}", decay, beta, state],
+            [f"{tag}.output.fp16", present],
+            domain=OP_DOMAIN,
+            name=f"{tag}/{OP_TYPE}",
+            scale=float(1.0 / np.sqrt(key_size)),
+        ),
+        helper.make_node("Cast", [f"{tag}.output.fp16"], [f"{tag}.output"], to=TensorProto.FLOAT, name=f"{tag}/cast_output"),
+        helper.make_node("Reshape", [f"{tag}.output", f"{tag}.packed"], [output], name=f"{tag}/pack"),
     ]
+    return nodes, constants
 
 
-def use_gated_delta_net(model: onnx.ModelProto, inputs: str = "fp32") -> int:
-    """Rewrite ``model`` in place with every ``LinearAttention`` node as ``GatedDeltaNet`` taking q, k, v in
-    ``inputs``'s type; returns how many were rewritten."""
+def _value_shapes(graph: onnx.GraphProto) -> dict[str, list[int | None]]:
+    return {
+        value.name: [dim.dim_value or None for dim in value.type.tensor_type.shape.dim]
+        for value in (*graph.value_info, *graph.input, *graph.output)
+        if value.type.tensor_type.HasField("shape")
+    }
+
+
+def state_shapes(model: onnx.ModelProto) -> list[tuple[int, int, int]]:
+    """(heads, key size, value size) of each ``LinearAttention`` node of ``model``, from its state's shape."""
+    shapes, found = _value_shapes(model.graph), []
+    for node in model.graph.node:
+        if node.domain == CONTRIB_DOMAIN and node.op_type == "LinearAttention":
+            state = shapes.get(node.output[1])
+            if not state or len(state) != 4 or None in state[1:]:
+                raise ValueError(f"{node.name}: its state's shape [B, H, Dk, Dv] is not in the graph")
+            found.append((state[1], state[2], state[3]))
+    return found
+
+
+def use_gated_delta_kernel(model: onnx.ModelProto, kernel: str, inputs: str = "fp32") -> int:
+    """Rewrite ``model`` in place with every ``LinearAttention`` node as ``kernel`` (``GatedDeltaNet`` taking q,
+    k, v in ``inputs``'s type, or ``ChunkedGatedDeltaRule``); returns how many were rewritten."""
     graph = model.graph
+    key_sizes = [key_size for _, key_size, _ in state_shapes(model)] if kernel == OP_TYPE else []
     rewritten, nodes = 0, []
     for node in graph.node:
         if node.domain == CONTRIB_DOMAIN and node.op_type == "LinearAttention":
-            replacement, constants = gated_delta_net_nodes(node, rewritten, inputs)
+            if kernel == OP_TYPE:
+                replacement, constants = chunked_rule_nodes(node, rewritten, key_sizes[rewritten])
+            else:
+                replacement, constants = gated_delta_net_nodes(node, rewritten, inputs)
             nodes += replacement
             graph.initializer.extend(constants)
             rewritten += 1
@@ -103,6 +168,8 @@ def use_gated_delta_net(model: onnx.ModelProto, inputs: str = "fp32") -> int:
             nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
+    if kernel == OP_TYPE and rewritten and OP_DOMAIN not in {opset.domain for opset in model.opset_import}:
+        model.opset_import.append(helper.make_opsetid(OP_DOMAIN, 1))
     return rewritten
 
 
@@ -112,11 +179,7 @@ def chunked_prefill(model: onnx.ModelProto, inputs: str) -> str:
     check, and those not met. Head counts hold by construction (one count for q, k and v); the head sizes
     come from each node's state ``[B, H, Dk, Dv]``; token counts and the device are the call's."""
     graph = model.graph
-    shapes = {
-        value.name: [dim.dim_value or None for dim in value.type.tensor_type.shape.dim]
-        for value in (*graph.value_info, *graph.input, *graph.output)
-        if value.type.tensor_type.HasField("shape")
-    }
+    shapes = _value_shapes(graph)
     problems = []
     for node in graph.node:
         if node.domain != CONTRIB_DOMAIN or node.op_type != "LinearAttention":

@@ -11,6 +11,8 @@ GRAPHS = ("prefill", "continue", "packed")
 RECURRENCES = ("scan", "fused")  # the portable ONNX Scan, or ONNX Runtime's fused kernel
 ALIGNMENT = 65536  # large tensors start at offsets ONNX Runtime can memory-map on any page size
 CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's contrib ops (LinearAttention, GatedDeltaNet, GemmFloat8, ...)
+OP_DOMAIN = "ai.s1omni"  # this project's custom ops (s1omni.export.gdn_library)
+OP_TYPE = "ChunkedGatedDeltaRule"
 
 
 def graph_file(graph: str, recurrence: str) -> str:

@@ -43,7 +43,7 @@ VALIDATOR_VERSION = 2
 BUILD_KEYS = (
     "backend", "target", "device", "precision", "recurrence", "gated_delta_kernel", "gated_delta_inputs", "op_fusion",
     "merged_projections", "fused_mixers", "fused_attention", "attention_inputs", "cuda_graphs", "vision_cuda_graphs",
-    "library", "library_version", "provider_options",
+    "gated_delta_library", "library", "library_version", "provider_options",
 )  # fmt: skip
 
 

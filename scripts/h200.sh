@@ -16,7 +16,8 @@
 #   export    its backbone to ONNX, fused Gated DeltaNet graphs only ($RECURRENCE=both for the Scan graphs
 #             too; TensorRT is not run here), timed: export-SIZE.txt has the wall time and the host's peak
 #             memory in use against the size of the weights files
-#   build     ONNX Runtime CUDA engines: one per $KERNELS (GatedDeltaNet, LinearAttention) and $PRECISIONS
+#   build     ONNX Runtime CUDA engines: one per $KERNELS (GatedDeltaNet, LinearAttention, ChunkedGatedDeltaRule: with
+#             "/gdn16", as its q/k/v are float16; $S1OMNI_ORT_INCLUDE names ONNX Runtime's C API headers) and $PRECISIONS
 #             (fp32, TF32 off, by default; bf16: weight GEMMs in bfloat16; tf32; suffixes: "/unfused" builds
 #             with --no-op-fusion, "/graphs" with --cuda-graphs, "/gdn16" with --gated-delta-inputs fp16, "/merged" with --merged-projections,
 #             "/mixers" with --fused-mixers, "/attn" with --fused-attention in float32, "/attn16" with it in float16

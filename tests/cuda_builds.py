@@ -15,7 +15,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.cuda_kernels import INPUT_TYPES
-from s1omni.export.naming import CONTRIB_DOMAIN
+from s1omni.export.naming import CONTRIB_DOMAIN, OP_TYPE
 from s1omni.runtime.engine import read_manifest, write_manifest
 from tests.cli import run_s1omni, s1omni
 
@@ -51,19 +51,24 @@ def validate_on_the_cpu(engine: Path, package: Path, report: Path) -> dict[str, 
 
 
 def gated_delta_net_emulated(rewritten: onnx.ModelProto, inputs: str) -> onnx.ModelProto:
-    """A copy of ``rewritten`` with each ``GatedDeltaNet`` node as the CPU's ``LinearAttention``: q/k/v
-    ``[B, T, H, D]`` (in ``inputs``'s type) packed to float32 ``[B, T, H*D]``, the value-major state
-    transposed to key-major and back, the output unpacked and rounded to ``inputs``'s type."""
+    """A copy of ``rewritten`` with each ``GatedDeltaNet`` or ``ChunkedGatedDeltaRule`` node (CUDA only) as the
+    CPU's ``LinearAttention``: q/k/v ``[B, T, H, D]`` (in ``inputs``'s type; float16 for the custom op) packed to
+    float32 ``[B, T, H*D]``, ``GatedDeltaNet``'s value-major state transposed to key-major and back, the custom
+    op's ``scale`` passed on, the output unpacked and rounded to the node's type."""
     model = onnx.ModelProto.FromString(rewritten.SerializeToString())
     graph = model.graph
     producers = {output: node for node in graph.node for output in node.output}
     constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
     nodes = []
     for index, node in enumerate(graph.node):
-        if node.op_type != "GatedDeltaNet":
+        if node.op_type not in ("GatedDeltaNet", OP_TYPE):
             nodes.append(node)
             continue
-        query, key, value, _, decay, beta, state = node.input
+        value_major = node.op_type == "GatedDeltaNet"
+        if value_major:
+            query, key, value, _, decay, beta, state = node.input
+        else:
+            query, key, value, decay, beta, state = node.input
         reshape = producers[query]
         heads = int(constants[reshape.input[1]][2])
         tag = f"emulated{index}"
@@ -72,15 +77,17 @@ def gated_delta_net_emulated(rewritten: onnx.ModelProto, inputs: str) -> onnx.Mo
             nodes += [helper.make_node("Cast", [name], [f"{tag}.{name}.wide"], to=TensorProto.FLOAT),
                       helper.make_node("Reshape", [f"{tag}.{name}.wide", f"{tag}.pack"], [f"{tag}.{name}"])]  # fmt: skip
             packed.append(f"{tag}.{name}")
+        scale = {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute if attribute.name == "scale"}
         nodes += [
-            helper.make_node("Transpose", [state], [f"{tag}.state"], perm=[0, 1, 3, 2]),
+            *([helper.make_node("Transpose", [state], [f"{tag}.state"], perm=[0, 1, 3, 2])] if value_major else []),
             helper.make_node(
-                "LinearAttention", [*packed, f"{tag}.state", decay, beta], [f"{tag}.out", f"{tag}.present"], domain=CONTRIB_DOMAIN,
-                q_num_heads=heads, kv_num_heads=heads, update_rule="gated_delta",
+                "LinearAttention", [*packed, f"{tag}.state" if value_major else state, decay, beta],
+                [f"{tag}.out", f"{tag}.present" if value_major else node.output[1]], domain=CONTRIB_DOMAIN,
+                q_num_heads=heads, kv_num_heads=heads, update_rule="gated_delta", **scale,
             ),  # fmt: skip
             helper.make_node("Reshape", [f"{tag}.out", f"{tag}.heads"], [f"{tag}.out4"]),
-            helper.make_node("Cast", [f"{tag}.out4"], [node.output[0]], to=INPUT_TYPES[inputs]),
-            helper.make_node("Transpose", [f"{tag}.present"], [node.output[1]], perm=[0, 1, 3, 2]),
+            helper.make_node("Cast", [f"{tag}.out4"], [node.output[0]], to=INPUT_TYPES[inputs] if value_major else TensorProto.FLOAT16),
+            *([helper.make_node("Transpose", [f"{tag}.present"], [node.output[1]], perm=[0, 1, 3, 2])] if value_major else []),
         ]
         graph.initializer.extend([numpy_helper.from_array(np.array([0, 0, -1], np.int64), f"{tag}.pack"),
                                   numpy_helper.from_array(np.array([0, 0, heads, -1], np.int64), f"{tag}.heads")])  # fmt: skip

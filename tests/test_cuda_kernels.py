@@ -21,7 +21,7 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper
 
-from s1omni.export.cuda_kernels import INPUT_TYPES, chunked_prefill, use_gated_delta_net
+from s1omni.export.cuda_kernels import INPUT_TYPES, chunked_prefill, use_gated_delta_kernel
 from s1omni.export.naming import CONTRIB_DOMAIN
 from s1omni.runtime.runners.base import text_positions
 from tests.cli import run_s1omni
@@ -71,7 +71,7 @@ def _casts(model: onnx.ModelProto) -> Counter[int]:
 def test_float16_inputs_are_cast_around_each_node_and_the_rest_stays_float32(exported: Path) -> None:
     source = onnx.load(str(exported / "prefill.fused.onnx"))
     model = onnx.load(str(exported / "prefill.fused.onnx"))
-    assert use_gated_delta_net(model, "fp16") == 3
+    assert use_gated_delta_kernel(model, "GatedDeltaNet", "fp16") == 3
     onnx.checker.check_model(model)
     assert _casts(model) - _casts(source) == Counter({TensorProto.FLOAT16: 9, TensorProto.FLOAT: 3})
     producers = {output: node for node in model.graph.node for output in node.output}
@@ -94,7 +94,7 @@ def test_the_rewritten_graph_computes_the_export_s_own(exported: Path, inputs: s
     (reshapes and transposes are exact), within float16 rounding with float16 ones."""
     source = str(exported / "prefill.fused.onnx")
     model = onnx.load(source)
-    use_gated_delta_net(model, inputs)
+    use_gated_delta_kernel(model, "GatedDeltaNet", inputs)
     ids = np.random.default_rng(3).integers(1, 2048, 200)
     feeds = {"input_ids": ids[None], "position_ids": text_positions(0, len(ids))[:, None],
              "attention_mask": np.ones((1, len(ids)), np.int64), "readout_index": np.arange(len(ids))[None]}  # fmt: skip
@@ -112,7 +112,7 @@ def test_a_state_transposed_the_wrong_way_is_caught() -> None:
     """The emulation is only as good as what it rejects: a rewrite that forgot the state's way back."""
     model, feeds = _linear_attention_model(2, 8), _feeds(2, 8, 2, 5, seed=0)
     want = _run(model, feeds, CPU)
-    use_gated_delta_net(model, "fp32")
+    use_gated_delta_kernel(model, "GatedDeltaNet", "fp32")
     assert all(np.array_equal(g, w) for g, w in zip(_run(gated_delta_net_emulated(model, "fp32"), feeds, CPU), want, strict=True))
     (back,) = [node for node in model.graph.node if node.op_type == "Transpose" and node.output[0] == "present"]
     back.ClearField("attribute")
@@ -177,7 +177,7 @@ def test_gated_delta_net_with_float16_inputs_computes_linear_attention_on_the_gp
     in float32; both layouts (rank-4 activations, value-major state) are what the rewrite assumes."""
     model, feeds = _linear_attention_model(4, 128), _feeds(4, 128, 2, tokens, seed=tokens)
     want = _run(model, feeds, CUDA)
-    use_gated_delta_net(model, "fp16")
+    use_gated_delta_kernel(model, "GatedDeltaNet", "fp16")
     got = _run(model, feeds, CUDA)
     for name, g, w in zip(("output", "state"), got, want, strict=True):
         assert g.dtype == np.float32 and g.shape == w.shape

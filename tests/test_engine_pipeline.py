@@ -257,11 +257,12 @@ GATE = {"fp32": "gpu", "bf16": "gpu-reduced"}
 @pytest.mark.parametrize(
     ("kernel", "precision", "options"),
     [("GatedDeltaNet", "fp32", ["--no-cuda-graphs"]), ("LinearAttention", "fp32", ["--no-cuda-graphs"]),
-     ("GatedDeltaNet", "fp32", []), ("GatedDeltaNet", "bf16", [])],
+     ("GatedDeltaNet", "fp32", []), ("GatedDeltaNet", "bf16", []),
+     pytest.param("ChunkedGatedDeltaRule", "bf16", [], id="ChunkedGatedDeltaRule-bf16")],
 )  # fmt: skip
 def test_cuda_engine_passes_its_gate(exported: Path, tiny_vela: Path, tmp_path: Path, kernel: str, precision: str, options: list[str]) -> None:
     """The ONNX Runtime CUDA engine (float32 with either Gated DeltaNet kernel, with and without CUDA
-    graphs; the default bfloat16 GEMMs with CUDA graphs) against the float32 torch reference on the
+    graphs; the default bfloat16 GEMMs with CUDA graphs, and with the ChunkedGatedDeltaRule op) against the float32 torch reference on the
     same GPU (TF32 off), with the BF16 reference recorded beside it: the validator's verdict is PASSED
     at the engine's gate (a float32 word within 1e-5 of its threshold is a tie)."""
     engine = tmp_path / "ort-cuda"

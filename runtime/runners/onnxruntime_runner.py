@@ -55,6 +55,8 @@ from .packing import pack_blocks
 # option log-probabilities): onnx writes its newest IR version by default; ONNX Runtime reads up to its own.
 GATHER_OPSET = 18
 GATHER_IR_VERSION = 8
+# The custom op library an engine may carry (s1omni.export.gdn_library), registered with its sessions.
+OP_LIBRARY = "libs1omni_gdn.so"
 # A continue call may pad its blocks to at most this many times their tokens; wider spreads split.
 PADDING_SLACK = 1.25
 # The reference's exact batching of a request's trees (vela2-decoder.md §2.9, from
@@ -90,14 +92,17 @@ def providers(device: str, device_id: int, options: Mapping[str, object]) -> lis
     return ["CPUExecutionProvider"]
 
 
-def session_options(device: str) -> onnxruntime.SessionOptions:
+def session_options(device: str, engine_dir: Path) -> onnxruntime.SessionOptions:
     """The backbone sessions' options: on the CPU without ONNX Runtime's memory arena, which keeps the
     largest call's buffers (grown in powers of two) for the session's life, so a served engine would
     hold a long request's peak after it. Validating the tiny member (45 cases) peaks at 1.28 GB with it
     and 1.04 GB without (6.3 GB without it when attention was unchunked); the arena saves a third of
-    the CPU time of the 18,557-token case (6.2 s against 9.5 s on 2 cores)."""
+    the CPU time of the 18,557-token case (6.2 s against 9.5 s on 2 cores). An engine built with
+    ``--gated-delta-kernel ChunkedGatedDeltaRule`` carries its op library (``OP_LIBRARY``), registered here."""
     options = onnxruntime.SessionOptions()
     options.enable_cpu_mem_arena = device != "cpu"
+    if (engine_dir / OP_LIBRARY).is_file():
+        options.register_custom_ops_library(str(engine_dir / OP_LIBRARY))
     return options
 
 
@@ -174,7 +179,7 @@ class OnnxRuntimeRunner:
         self.precision = precision
         chosen = providers(self.device, self._device_id, provider_options or {})
         backbone = providers(self.device, self._device_id, {**(provider_options or {}), **capture_options(cuda_graphs, self.device)})
-        options = session_options(self.device)
+        options = session_options(self.device, engine_dir)
         self._prefill = onnxruntime.InferenceSession(str(engine_dir / "prefill.onnx"), options, providers=backbone)
         self._continue = onnxruntime.InferenceSession(str(engine_dir / "continue.onnx"), options, providers=backbone)
         self._graphs = (
