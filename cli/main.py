@@ -104,12 +104,12 @@ def entry() -> NoReturn:
     exit rather than to the collector's last passes over every object torch and transformers made
     (``gc.freeze``): 0.9 s of an export's exit here, nothing a command's result depends on.
 
-    Where flash-linear-attention is installed (the ``fla`` extra), transformers imports it with its Qwen3.5
-    module, and with it Triton: on a machine without a GPU fla warns that Triton falls back to the CPU (this
-    package never runs fla there), and at the interpreter's teardown Triton's nanobind bindings list their
-    objects as leaked, a report Triton itself silences in its own workers (``triton/_compile_warmup_pool.py``).
-    Neither says anything about the command: the warning is filtered, and once the command's output is
-    flushed a teardown after Triton was loaded writes its stderr to /dev/null."""
+    A command that imports flash-linear-attention (``build --gated-delta-kernel ChunkedGatedDeltaRule`` compiles
+    its kernels; ``bench`` times ``reference+fla``) loads Triton: on a machine without a GPU fla warns that
+    Triton falls back to the CPU (its kernels are compiled here, never run), and at the interpreter's teardown
+    Triton's nanobind bindings list their objects as leaked, a report Triton itself silences in its own workers
+    (``triton/_compile_warmup_pool.py``). Neither says anything about the command: the warning is filtered, and
+    once the command's output is flushed a teardown after Triton was loaded writes its stderr to /dev/null."""
     warnings.filterwarnings("ignore", message="Triton is not supported on current platform", category=UserWarning)
     code = main()
     gc.freeze()

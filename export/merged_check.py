@@ -41,7 +41,7 @@ from typing import Any
 
 from s1omni.calib import CALIB
 from s1omni.runtime import progress
-from s1omni.runtime.engine import engine_gate, load_engine_model, read_manifest, record_check
+from s1omni.runtime.engine import engine_gate, engine_identity, load_engine_model, read_manifest, record_check
 from s1omni.runtime.errors import UsageError
 
 from .families import export_family
@@ -128,7 +128,7 @@ def _against_alone(
     alone = [model.forward([plan])[0] for plan in progress.Counted(plans, "cases alone", "case")]
     verdict = judge_merged(family, ALONE_GATE[validated_at], _records(model, cases, plans, alone), _records(model, cases, plans, variant(model, plans)),
                            baseline.get("bf16"), baseline.get("fp32"))  # fmt: skip
-    report = {"check": check, "passed": verdict["passed"], "gate": verdict["gate"], **settings, "cases": len(cases),
+    report = {"check": check, "passed": verdict["passed"], "gate": verdict["gate"], "engine": engine_identity(manifest), **settings, "cases": len(cases),
               "failures": verdict["failures"], "summary": verdict["summary"], "figures": verdict["figures"]}  # fmt: skip
     print_merged(report)
     if report_path:

@@ -64,7 +64,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch._higher_order_ops.scan import scan_op
 from transformers.activations import ACT2FN
-from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb, eager_attention_forward, l2norm, repeat_kv
+
+from s1omni.runtime.runners.qwen3_5 import modeling
+
+_qwen3_5 = modeling()
+apply_rotary_pos_emb, eager_attention_forward = _qwen3_5.apply_rotary_pos_emb, _qwen3_5.eager_attention_forward
+l2norm, repeat_kv = _qwen3_5.l2norm, _qwen3_5.repeat_kv
 
 CHUNK = 64  # the reference's chunk size (torch_chunk_gated_delta_rule's default, FLA's too)
 # Queries per attention chunk in each recurrence's graphs; the fused (CUDA EP) graphs attend unchunked,

@@ -24,7 +24,7 @@ from polygraphy.comparator import Comparator, RunResults
 
 from s1omni.runtime import progress
 from s1omni.runtime.engine import (
-    VALIDATOR_VERSION, build_facts, current_gate, files_digest, load_engine_model, read_manifest, record_validation,
+    VALIDATOR_VERSION, current_gate, engine_identity, load_engine_model, read_manifest, record_validation,
 )
 from s1omni.runtime.errors import InputError, UsageError
 
@@ -112,7 +112,7 @@ def validate(
         "passed": passed,
         "gate": gate,
         "validator_version": VALIDATOR_VERSION,
-        "engine": {"member": member, "files_sha256": files_digest(manifest), **build_facts(manifest)},
+        "engine": engine_identity(manifest),
         "reference": {"runner": record["runner"], "member": record["member"]["name"], "cases_sha256": record["cases_sha256"]},
         "bf16_reference": {"runner": bf16[0]["runner"], "figures": _bf16_figures(verdict["figures"])} if bf16 else None,
         "cases": len(cases),

@@ -25,9 +25,11 @@ import onnx_ir as ir
 import onnxruntime
 import torch
 from torch import nn
-from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb_vision, eager_attention_forward
 
 from s1omni.runtime import progress
+from s1omni.runtime.runners.qwen3_5 import modeling
+
+apply_rotary_pos_emb_vision, eager_attention_forward = modeling().apply_rotary_pos_emb_vision, modeling().eager_attention_forward
 from s1omni.runtime.omnijev.engine import VISION_GRAPH
 from s1omni.runtime.omnijev.image import Pixels
 from s1omni.runtime.omnijev.vision import VisionTower, grid_inputs

@@ -86,6 +86,11 @@ def files_digest(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(pinned.encode("utf-8")).hexdigest()
 
 
+def engine_identity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What a check's report names as the engine it judged: the member, one digest of the pinned files, the build."""
+    return {"member": manifest["member"]["name"], "files_sha256": files_digest(manifest), **build_facts(manifest)}
+
+
 def record_validation(path: Path, validation: dict[str, Any]) -> None:
     """Store a validation report in a manifest whose files were just verified (their pins stand)."""
     _replace_manifest(path, {**read_manifest(path), "validation": validation})

@@ -13,8 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from s1omni.runtime.runners.qwen3_5 import modeling
 from tests.cli import s1omni
 from tests.members import make_vela_member
+
+# Before any test module imports transformers' Qwen3.5 module: imported as the package imports it (its torch
+# Gated DeltaNet functions, where flash-linear-attention is installed too).
+modeling()
 
 # Tests never touch the user's ~/.cache/s1omni: every registry write goes to a session home.
 _HOME = Path(tempfile.mkdtemp(prefix="s1omni-tests-"))

@@ -15,7 +15,7 @@ from s1omni.calib import CALIB
 from s1omni.export.gate import CaseRecord
 from s1omni.export.merged_check import _records, check_label, judge_merged, run_merged
 from s1omni.export.reference import load_cases
-from s1omni.runtime.engine import load_engine_model, read_manifest
+from s1omni.runtime.engine import engine_identity, load_engine_model, read_manifest
 from s1omni.runtime.runners.onnxruntime_runner import OnnxRuntimeRunner
 from tests.cli import run_s1omni
 
@@ -64,6 +64,8 @@ def test_merged_packed_forwards_are_checked_and_recorded_apart(cpu_engine: Path,
     assert check_label(report) == "merged 2 to a packed forward"
     manifest = read_manifest(engine)
     assert manifest["merged_packed"] == report and "merged" not in manifest and "shared_context" not in manifest
+    # The report names the engine it judged, as a validation report does.
+    assert report["engine"] == engine_identity(manifest) and report["engine"]["target"] == "cpu" and len(report["engine"]["files_sha256"]) == 64
     summary = report["summary"]
     same, total = map(int, summary["decisions"].split("/"))
     assert same == total > 0 and summary["max_probability"] <= 1e-5 and summary["hidden_rel_l2"] <= 5e-5

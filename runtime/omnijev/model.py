@@ -28,7 +28,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import torch
 from PIL import Image
 from tokenizers import Tokenizer
 
@@ -330,20 +329,15 @@ class OmniJevModel:
             hidden += self.runner.continue_blocks(state, prefix, blocks[start : start + ROWS_PER_BATCH])
         return _group(plan, hidden)
 
-    @torch.inference_mode()
     def _plain(self, plan: OmniJevPlan, features: np.ndarray) -> list[list[RowReadout]]:
-        """One plain causal forward over prefix + row per row, on the torch reference runner's model."""
-        lay, model = plan.layout, self.runner.model
-        device = next(model.parameters()).device
+        """One plain causal forward over prefix + row per row, on the torch reference runner (its layer functions
+        and precision policy, as ``_reused`` runs under)."""
+        lay, prefix = plan.layout, replace(plan.tree.prefix, embeds=features)
         hidden = []
         for block in plan.tree.blocks:
-            ids = torch.as_tensor(np.concatenate([lay.prefix, block.ids]), device=device)[None]
-            embeds = model.embed_tokens(ids)
-            embeds[0, torch.as_tensor(lay.image_index, device=device)] = torch.as_tensor(features, device=device)
             positions = np.concatenate([lay.positions, text_positions(lay.next_position, len(block.ids))], axis=1)
-            out = model(inputs_embeds=embeds, position_ids=torch.as_tensor(positions, device=device)[:, None, :])
-            at = torch.as_tensor(len(lay.prefix) + block.readouts, device=device)
-            hidden.append(out.last_hidden_state[0, at].float().cpu().numpy())
+            states = self.runner.forward(np.concatenate([lay.prefix, block.ids]), positions, prefix)
+            hidden.append(states[len(lay.prefix) + block.readouts])
         return _group(plan, hidden)
 
     def _heads(self, plan: OmniJevPlan, readouts: list[list[RowReadout]]) -> tuple[np.ndarray, ...]:

@@ -70,12 +70,12 @@ class VisionTower:
 
     @classmethod
     def load(cls, config: dict[str, Any], path: Path, device: str = "cpu", precision: str | None = None) -> VisionTower:
-        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
+        from ..runners.qwen3_5 import modeling
 
         vision = vision_config(config)
         vision._attn_implementation = "eager"
         with torch.device("meta"):
-            model = Qwen3_5VisionModel(vision)
+            model = modeling().Qwen3_5VisionModel(vision)
         state = {name: value.float() for name, value in read_prefixed([path], VISION_PREFIX).items()}
         model.load_state_dict(state, strict=True, assign=True)
         # The rotary frequencies are a non-persistent buffer: rebuilt from the config.

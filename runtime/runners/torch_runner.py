@@ -8,7 +8,8 @@ right-padded batch, so each block sees the prefix and itself only.
 Gated DeltaNet kernels (``kernels``). transformers picks the layers' gated delta rules when its
 Qwen3.5 module is imported: flash-linear-attention's (``fla``) where ``import fla`` works, its own
 torch functions otherwise (``transformers:integrations/hub_kernels.py``,
-``use_kernel_func_from_hub_with_fallback``). The runner does not take that choice: the layer's
+``use_kernel_func_from_hub_with_fallback``); this package imports it with fla hidden
+(``s1omni.runtime.runners.qwen3_5``). The runner does not rely on that choice either: the layer's
 forward looks its four functions (two rules, two causal convolutions) up by module-level name at
 call time, and every call of a runner binds those names to its own functions, under one
 process-wide lock, and puts the module's back afterwards. ``torch`` (the default) binds
@@ -45,6 +46,7 @@ from safetensors import safe_open
 
 from ..errors import EnvironmentMissing
 from .base import Block, Prefix, Tree, pad_blocks, run_one_by_one, text_positions
+from .qwen3_5 import modeling
 
 BACKBONE_PREFIX = "backbone."
 KERNELS = ("torch", "fla")
@@ -53,12 +55,6 @@ FLA_RULES_MODULE = "fla.ops.gated_delta_rule"
 FLA_RULES = {"torch_chunk_gated_delta_rule": "chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule": "fused_recurrent_gated_delta_rule"}
 LAYER_FUNCTIONS = (*FLA_RULES, "causal_conv1d_fn", "causal_conv1d_update")
 _BINDING = threading.Lock()  # one runner's functions bound at a time
-
-
-def _qwen3_5():
-    from transformers.models.qwen3_5 import modeling_qwen3_5
-
-    return modeling_qwen3_5
 
 
 def _own_arguments(function: Callable) -> Callable:
@@ -77,15 +73,15 @@ def layer_functions(kernels: str) -> dict[str, Callable]:
     """What each of ``LAYER_FUNCTIONS`` is bound to while a runner of ``kernels`` runs."""
     if kernels not in KERNELS:
         raise ValueError(f"kernels {kernels!r}: one of {', '.join(KERNELS)}")
-    modeling = _qwen3_5()
-    functions = {name: inspect.unwrap(getattr(modeling, name)) for name in LAYER_FUNCTIONS}
+    qwen3_5 = modeling()
+    functions = {name: inspect.unwrap(getattr(qwen3_5, name)) for name in LAYER_FUNCTIONS}
     if kernels == "fla":
         try:
             rules = importlib.import_module(FLA_RULES_MODULE)
         except Exception as exc:  # not installed, or its Triton fails to load
             raise EnvironmentMissing(f"flash-linear-attention does not import here ({type(exc).__name__}: {exc})") from exc
         functions |= {name: _own_arguments(getattr(rules, fla_name)) for name, fla_name in FLA_RULES.items()}
-    expected = {name: "fla." if kernels == "fla" and name in FLA_RULES else modeling.__name__ for name in LAYER_FUNCTIONS}
+    expected = {name: "fla." if kernels == "fla" and name in FLA_RULES else qwen3_5.__name__ for name in LAYER_FUNCTIONS}
     for name, function in functions.items():  # by the function object's own module, not by how it was found
         if not inspect.unwrap(function).__module__.startswith(expected[name]):
             raise RuntimeError(f"{name} resolved to {inspect.unwrap(function).__module__}, not {expected[name]}")
@@ -100,16 +96,16 @@ def function_modules(functions: dict[str, Callable]) -> dict[str, str]:
 @contextlib.contextmanager
 def bound(functions: dict[str, Callable]) -> Iterator[None]:
     """The layer's module-level functions replaced by ``functions`` for the block, the module's own back after."""
-    modeling = _qwen3_5()
+    qwen3_5 = modeling()
     with _BINDING:
-        saved = {name: getattr(modeling, name) for name in functions}
+        saved = {name: getattr(qwen3_5, name) for name in functions}
         try:
             for name, function in functions.items():
-                setattr(modeling, name, function)
+                setattr(qwen3_5, name, function)
             yield
         finally:
             for name, function in saved.items():
-                setattr(modeling, name, function)
+                setattr(qwen3_5, name, function)
 
 
 def text_config(backbone_config: dict[str, Any]):
@@ -141,10 +137,8 @@ def eager_config(backbone_config: dict[str, Any]):
 def empty_backbone(config):
     """The Qwen3.5 text model of ``config`` with its weights on the ``meta`` device (no storage) and its
     non-persistent buffers (the rotary frequencies) rebuilt from the config."""
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
-
     with torch.device("meta"):
-        model = Qwen3_5TextModel(config)
+        model = modeling().Qwen3_5TextModel(config)
     model.rotary_emb = type(model.rotary_emb)(config=config)
     return model.eval()
 
@@ -262,10 +256,11 @@ class TorchRunner:
         return run_one_by_one(self, trees)
 
     @torch.inference_mode()
-    def forward(self, ids: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
-        """One plain causal forward over ``ids`` (all hidden states, ``[len, H]``): the tree's definition."""
+    def forward(self, ids: np.ndarray, positions: np.ndarray | None = None, embedded: Prefix | None = None) -> np.ndarray:
+        """One plain causal forward over ``ids`` (all hidden states, ``[len, H]``): the tree's definition.
+        ``embedded``: a prefix of ``ids`` whose ``embeds`` replace the token embeddings at its ``embed_index``."""
         tokens = torch.as_tensor(ids, dtype=torch.long, device=self._torch_device)[None]
         positions = positions if positions is not None else text_positions(0, len(ids))
         with self._running():
-            out = self.model(inputs_embeds=self._embeddings(tokens), position_ids=torch.as_tensor(positions, device=self._torch_device)[:, None, :])
+            out = self.model(inputs_embeds=self._embeddings(tokens, embedded), position_ids=torch.as_tensor(positions, device=self._torch_device)[:, None, :])
         return out.last_hidden_state[0].float().cpu().numpy()

@@ -171,7 +171,9 @@ def _shapes(module: torch.nn.Module, prefix: str) -> list[tuple[str, tuple[int, 
 def tensor_shapes(size_name: str) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
     """Names and shapes per file: ``language`` (the shards), ``vision`` and ``heads``."""
     from transformers import Qwen3_5TextConfig, Qwen3_5VisionConfig
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel, Qwen3_5VisionModel
+    from ..runners.qwen3_5 import modeling
+
+    Qwen3_5TextModel, Qwen3_5VisionModel = modeling().Qwen3_5TextModel, modeling().Qwen3_5VisionModel
 
     size = SIZES[size_name]
     full = config(size)

@@ -118,10 +118,10 @@ def calibration() -> dict[str, Any]:
 
 def _backbone_shapes(size: Size) -> list[tuple[str, tuple[int, ...]]]:
     from transformers import Qwen3_5TextConfig
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
+    from ..runners.qwen3_5 import modeling
 
     with torch.device("meta"):
-        model = Qwen3_5TextModel(Qwen3_5TextConfig(**backbone_config(size)))
+        model = modeling().Qwen3_5TextModel(Qwen3_5TextConfig(**backbone_config(size)))
     return [(f"backbone.{name}", tuple(p.shape)) for name, p in model.named_parameters()]
 
 
