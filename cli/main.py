@@ -15,7 +15,6 @@ import importlib
 import os
 import sys
 import traceback
-import warnings
 from typing import NoReturn
 
 from s1omni import __version__
@@ -105,12 +104,11 @@ def entry() -> NoReturn:
     (``gc.freeze``): 0.9 s of an export's exit here, nothing a command's result depends on.
 
     A command that imports flash-linear-attention (``build --gated-delta-kernel ChunkedGatedDeltaRule`` compiles
-    its kernels; ``bench`` times ``reference+fla``) loads Triton: on a machine without a GPU fla warns that
-    Triton falls back to the CPU (its kernels are compiled here, never run), and at the interpreter's teardown
-    Triton's nanobind bindings list their objects as leaked, a report Triton itself silences in its own workers
-    (``triton/_compile_warmup_pool.py``). Neither says anything about the command: the warning is filtered, and
-    once the command's output is flushed a teardown after Triton was loaded writes its stderr to /dev/null."""
-    warnings.filterwarnings("ignore", message="Triton is not supported on current platform", category=UserWarning)
+    its kernels; ``bench`` times ``reference+fla``) loads Triton, whose nanobind bindings list their objects as
+    leaked at the interpreter's teardown, a report Triton itself silences in its own workers
+    (``triton/_compile_warmup_pool.py``) and that says nothing about the command: once the command's output
+    is flushed, a teardown after Triton was loaded writes its stderr to /dev/null. (fla's warning that it found
+    no GPU is caught where the build imports it, ``s1omni.export.fla_kernels``.)"""
     code = main()
     gc.freeze()
     if "triton" in sys.modules:

@@ -263,9 +263,11 @@ def build(
             if cuda_arch is not None and kernel != OP_TYPE:
                 raise UsageError(f"--cuda-arch is the GPU architecture --gated-delta-kernel {OP_TYPE} compiles its kernels for")
             if kernel == OP_TYPE:
-                from .gdn_library import build_library, visible_cuda_arch
+                from ..runtime.runners.tensorrt_runner import device_compute_capability
+                from .gdn_library import build_library
 
-                cuda_arch = cuda_arch or visible_cuda_arch()
+                visible = device_compute_capability()
+                cuda_arch = cuda_arch or (int(visible.removeprefix("sm_")) if visible else None)
                 if cuda_arch is None:
                     raise UsageError(f"--gated-delta-kernel {OP_TYPE}: no GPU here to compile for; name one with --cuda-arch (90: sm_90)")
             shapes: list[tuple[int, int, int]] = []

@@ -15,7 +15,6 @@ which every later runtime serves (``ORT_API_VERSION``), and opens the CUDA drive
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import subprocess
@@ -50,18 +49,6 @@ def cuda_include() -> Path:
     if not (directory / "cuda.h").is_file():
         raise InputError(f"{directory} has no cuda.h (Triton's NVIDIA backend)")
     return directory
-
-
-def visible_cuda_arch() -> int | None:
-    """The compute capability of CUDA device 0 as one number (90 for sm_90), or None without a GPU."""
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return None
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    if driver.cuInit(0) or driver.cuDeviceGetAttribute(ctypes.byref(major), 75, 0) or driver.cuDeviceGetAttribute(ctypes.byref(minor), 76, 0):
-        return None  # 75, 76: CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _MINOR
-    return major.value * 10 + minor.value
 
 
 def _c_bytes(data: bytes) -> str:

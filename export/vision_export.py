@@ -27,15 +27,16 @@ import torch
 from torch import nn
 
 from s1omni.runtime import progress
-from s1omni.runtime.runners.qwen3_5 import modeling
-
-apply_rotary_pos_emb_vision, eager_attention_forward = modeling().apply_rotary_pos_emb_vision, modeling().eager_attention_forward
 from s1omni.runtime.omnijev.engine import VISION_GRAPH
 from s1omni.runtime.omnijev.image import Pixels
 from s1omni.runtime.omnijev.vision import VisionTower, grid_inputs
+from s1omni.runtime.runners.qwen3_5 import modeling
 
 from .onnx_export import OPSET, quiet_third_party, to_onnx
 from .patches import _bias
+
+_qwen3_5 = modeling()
+apply_rotary_pos_emb_vision, eager_attention_forward = _qwen3_5.apply_rotary_pos_emb_vision, _qwen3_5.eager_attention_forward
 
 INPUTS = ["pixel_values", "position_ids", "interp_indices", "interp_weights", "cu_seqlens"]
 EXAMPLE_GRID = (2, 6, 8)  # two frames (two segments); any grid traces the same graph

@@ -27,6 +27,7 @@ from s1omni.export.gdn_library import ORT_INCLUDE_VARIABLE, build_library
 from s1omni.export.naming import OP_DOMAIN, OP_TYPE
 from s1omni.runtime.errors import InputError
 from s1omni.runtime.runners.onnxruntime_runner import OP_LIBRARY, session_options
+from s1omni.runtime.runners.tensorrt_runner import device_compute_capability
 from tests.cli import run_s1omni
 from tests.cuda_builds import build_cuda_engine, gated_delta_net_emulated, needs_cuda
 from tests.test_cuda_kernels import CPU, CUDA, _feeds, _linear_attention_model, _run
@@ -131,7 +132,9 @@ def test_the_build_carries_and_pins_the_library(exported: Path, tmp_path: Path) 
     ("options", "message"),
     [(["--precision", "fp32", "--gated-delta-kernel", OP_TYPE], "it is for --precision bf16 builds"),
      (["--precision", "bf16", "--gated-delta-kernel", OP_TYPE, "--gated-delta-inputs", "fp32"], "takes float16 q/k/v"),
-     (["--precision", "bf16", "--cuda-arch", "90"], "--cuda-arch is the GPU architecture")],
+     (["--precision", "bf16", "--cuda-arch", "90"], "--cuda-arch is the GPU architecture"),
+     pytest.param(["--precision", "bf16", "--gated-delta-kernel", OP_TYPE], "no GPU here to compile for", id="no-gpu-no-arch",
+                  marks=pytest.mark.skipif(device_compute_capability() is not None, reason="a GPU is visible: the build compiles for it"))],
 )  # fmt: skip
 def test_the_op_is_refused_where_it_cannot_apply(exported: Path, tmp_path: Path, options: list[str], message: str) -> None:
     result = run_s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", *options, "--out", str(tmp_path / "e"))
@@ -141,10 +144,9 @@ def test_the_op_is_refused_where_it_cannot_apply(exported: Path, tmp_path: Path,
 @pytest.fixture(scope="module")
 def gpu_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The library for this GPU with the tiny member's head shape and the members' (128 x 128)."""
-    from s1omni.export.gdn_library import visible_cuda_arch
 
     out = tmp_path_factory.mktemp("gdn-gpu")
-    build_library(out, [TINY_SHAPE, (4, 128, 128)], visible_cuda_arch())
+    build_library(out, [TINY_SHAPE, (4, 128, 128)], int(device_compute_capability().removeprefix("sm_")))
     return out
 
 
