@@ -78,7 +78,8 @@ def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
     """``reference``, then ``backend/target[/kernel][/precision][/unfused][/graphs][/gdn16][/merged][/mixers]`` per
     engine, the precision where it is not float32, ``unfused`` for a CUDA build without op fusion, ``graphs`` for one
     replaying CUDA graphs, ``gdn16`` and ``merged`` for a bf16 build with float16 GatedDeltaNet inputs or merged
-    projections, ``mixers`` and ``attn`` for one with fused mixers or attention (``attn16``: its q/k/v in float16),
+    projections, ``mixers`` and ``attn`` for one with fused mixers or attention (``mixers16``: its short convolutions in
+    bfloat16; ``attn16``: the attention's q/k/v in float16),
     ``vgraphs`` for one replaying its vision tower as CUDA graphs; numbered where two engines share one)."""
     names = [REFERENCE]
     for manifest in manifests:
@@ -87,7 +88,7 @@ def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
         graphs = "graphs" if manifest.get("cuda_graphs") else None
         gdn16 = "gdn16" if manifest.get("gated_delta_inputs") == "fp16" else None
         merged = "merged" if manifest.get("merged_projections") else None
-        mixers = "mixers" if manifest.get("fused_mixers") else None
+        mixers = ("mixers16" if manifest.get("bf16_convolutions") else "mixers") if manifest.get("fused_mixers") else None
         attention = ("attn16" if manifest.get("attention_inputs") == "fp16" else "attn") if manifest.get("fused_attention") else None
         vision_graphs = "vgraphs" if manifest.get("vision_cuda_graphs") else None
         parts = (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision, unfused, graphs, gdn16, merged, mixers,

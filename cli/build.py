@@ -70,6 +70,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "SiLU) as one CausalConvWithState and each gated output norm as one GatedRMSNorm, ONNX Runtime contrib ops",
     )
     parser.add_argument(
+        "--bf16-convolutions",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --fused-mixers at --precision bf16, opt-in: each Gated DeltaNet short convolution reads its projection's "
+        "bfloat16 product sequence-major (CausalConvWithState channels_last) and writes bfloat16, as the reference's BF16 "
+        "autocast runs it, instead of a float32 copy transposed there and back",
+    )
+    parser.add_argument(
         "--fused-attention",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -111,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     out = build(
         args.export_dir, args.backend, args.target, out, args.precision, args.gated_delta_kernel, args.op_fusion, args.cuda_graphs,
         gated_delta_inputs=args.gated_delta_inputs, merged_projections=args.merged_projections, fused_mixers=args.fused_mixers,
+        bf16_convolutions=args.bf16_convolutions,
         fused_attention=args.fused_attention, attention_inputs=args.attention_inputs, vision_cuda_graphs=args.vision_cuda_graphs,
         cuda_arch=args.cuda_arch,
     )  # fmt: skip

@@ -52,6 +52,7 @@ from s1omni.runtime.omnijev.engine import VISION_GRAPH
 from s1omni.runtime.staging import staged_directory
 
 from .attention_fusions import fuse_attention
+from .bf16_convolutions import short_convolutions_in_bf16
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
 from .cpu_exp import exp_in_float64
 from .cuda_fusions import fuse_norms, fuse_sigmoids
@@ -127,13 +128,14 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
 
 def _graph_rewrites(
     target: str, kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool,
-    weights: Bf16Weights, fp8_weights: Bf16Weights, mixers: bool, attention: str | None,
+    weights: Bf16Weights, fp8_weights: Bf16Weights, mixers: bool, attention: str | None, bf16_convolutions: bool = False,
 ) -> dict[str, Callable[[onnx.ModelProto], int]]:
     """What a build rewrites in each backbone graph, in order: on the CPU its exponentials in float64
     (``s1omni.export.cpu_exp``), else the Gated DeltaNet kernel (its q/k/v in
     ``inputs``), the fused mixers and attention (its q/k/v in ``attention``; they match the spelling the export wrote), the norms and sigmoids, the
     merged projections, then the GEMMs' precision (merged weights are rounded as they are concatenated, so
-    only bf16 builds merge; fp8 builds run the GEMMs float8 cannot take in bfloat16)."""
+    only bf16 builds merge; fp8 builds run the GEMMs float8 cannot take in bfloat16), then the short convolutions
+    on the GEMMs' bfloat16 products (``s1omni.export.bf16_convolutions``)."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
     if target == "cpu":
         rewrites["float64 Exp nodes"] = exp_in_float64
@@ -155,6 +157,8 @@ def _graph_rewrites(
         if precision == "fp8":
             rewrites["float8 GEMMs"] = lambda graph: use_fp8_gemms(graph, fp8_weights)
         rewrites["bfloat16 GEMMs"] = lambda graph: use_bf16_gemms(graph, weights)
+    if bf16_convolutions:
+        rewrites["bfloat16 short convolutions"] = lambda graph: short_convolutions_in_bf16(graph, weights)
     return rewrites
 
 
@@ -209,6 +213,7 @@ def build(
     gated_delta_inputs: str | None = None,
     merged_projections: bool = False,
     fused_mixers: bool = False,
+    bf16_convolutions: bool = False,
     fused_attention: bool = False,
     attention_inputs: str | None = None,
     vision_cuda_graphs: bool = False,
@@ -220,7 +225,8 @@ def build(
     on for onnxruntime/cuda), ``gated_delta_inputs``, the type of GatedDeltaNet's q/k/v
     (``s1omni.export.cuda_kernels.INPUT_TYPES``; None: fp32), ``merged_projections``
     (``s1omni.export.merged_projections``; bf16 builds only), ``fused_mixers``
-    (``s1omni.export.mixer_fusions``), ``fused_attention`` (``s1omni.export.attention_fusions``) and ``attention_inputs``,
+    (``s1omni.export.mixer_fusions``), ``bf16_convolutions`` (their short convolutions on the bfloat16 products,
+    ``s1omni.export.bf16_convolutions``; bf16 builds with fused mixers), ``fused_attention`` (``s1omni.export.attention_fusions``) and ``attention_inputs``,
     the type of its q/k/v (``INPUT_TYPES``; None: fp32), ``vision_cuda_graphs`` (a vision member's tower replayed as a
     CUDA graph per patch count, ``s1omni.runtime.omnijev.engine.VisionSession``; opt-in) and ``cuda_arch``, the
     compute capability ``ChunkedGatedDeltaRule``'s kernels are compiled for (None: the visible GPU's)."""
@@ -235,6 +241,9 @@ def build(
     if fused_attention and (backend, target) != ("onnxruntime", "cuda"):
         raise UsageError("--fused-attention is for onnxruntime/cuda: TensorRT parses no ONNX Runtime contrib op, and CPU engines run "
                          "the portable graphs, which attend in chunks already")  # fmt: skip
+    if bf16_convolutions and not (fused_mixers and (precision or "bf16") == "bf16" and (backend, target) == ("onnxruntime", "cuda")):
+        raise UsageError("--bf16-convolutions rewrites the fused mixers' convolutions of a bf16 build: add --fused-mixers "
+                         "(onnxruntime/cuda, --precision bf16)")  # fmt: skip
     if vision_cuda_graphs and (backend, target) != ("onnxruntime", "cuda"):
         raise UsageError("--vision-cuda-graphs is for onnxruntime/cuda")
     if precision == "fp8" and (backend, target) != ("onnxruntime", "cuda"):
@@ -274,7 +283,8 @@ def build(
             merged_projections = merged_projections and precision == "bf16"
             attention = _attention_inputs(attention_inputs, fused_attention, precision)
             rewrites = _graph_rewrites(target, kernel, inputs, precision, recurrence, op_fusion, merged_projections,
-                                       Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers, attention)  # fmt: skip
+                                       Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers, attention,
+                                       bf16_convolutions)  # fmt: skip
             for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:
                     progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...")
@@ -315,6 +325,7 @@ def build(
                 "op_fusion": op_fusion,
                 "merged_projections": merged_projections,
                 "fused_mixers": fused_mixers,
+                "bf16_convolutions": bf16_convolutions,
                 "fused_attention": fused_attention,
                 "attention_inputs": attention,
                 "cuda_graphs": cuda_graphs,

@@ -142,23 +142,27 @@ def bfloat16_linears(model: torch.nn.Module) -> torch.nn.Module:
 
 def bfloat16_emulated(model: onnx.ModelProto, directory: Path) -> onnx.ModelProto:
     """``model`` with its bfloat16 values carried in float32: each bfloat16 weight widened, each cast to
-    bfloat16 followed by a cast back (the rounding kept, the type float32 again), each product rounded
-    to bfloat16 before its cast to float32 (cuBLAS writes bfloat16)."""
+    bfloat16 followed by a cast back (the rounding kept, the type float32 again), and each bfloat16 value an
+    op computes (the rewrites name them ``.../bf16``: GEMM products, bfloat16 convolutions, the parts of a
+    split product) rounded to bfloat16 as it is made (the CUDA kernels accumulate in float32 and write
+    bfloat16; a split's parts are bfloat16 already)."""
     graph = model.graph
     widened = [numpy_helper.from_array(bfloat16_widened(t, directory), t.name) if t.data_type == TensorProto.BFLOAT16 else t for t in graph.initializer]
     del graph.initializer[:]
     graph.initializer.extend(widened)
     nodes = []
     for node in graph.node:
-        if node.op_type == "Cast" and node.input[0].endswith("/bf16"):  # a product: round it first
-            product = node.input[0]
-            nodes.append(helper.make_node("Cast", [product], [f"{product}/rounded"], to=TensorProto.BFLOAT16))
-            node.input[0] = f"{product}/rounded"
         nodes.append(node)
         if node.op_type == "Cast" and helper.get_attribute_value(node.attribute[0]) == TensorProto.BFLOAT16:
             rounded = node.output[0]
             node.output[0] = f"{rounded}/rounded"
             nodes.append(helper.make_node("Cast", [f"{rounded}/rounded"], [rounded], to=TensorProto.FLOAT))
+            continue
+        for position, name in enumerate(node.output):
+            if node.op_type != "Cast" and name.endswith("/bf16"):
+                node.output[position] = f"{name}/exact"
+                nodes += [helper.make_node("Cast", [f"{name}/exact"], [f"{name}/rounded"], to=TensorProto.BFLOAT16),
+                          helper.make_node("Cast", [f"{name}/rounded"], [name], to=TensorProto.FLOAT)]  # fmt: skip
     del graph.node[:]
     graph.node.extend(nodes)
     return model

@@ -56,7 +56,7 @@ def test_merged_packed_forwards_are_checked_and_recorded_apart(cpu_engine: Path,
     shutil.copytree(cpu_engine, engine)
     calls: list[int] = []
     run_packed = OnnxRuntimeRunner.run_packed
-    monkeypatch.setattr(OnnxRuntimeRunner, "run_packed", lambda runner, trees: calls.append(len(trees)) or run_packed(runner, trees))
+    monkeypatch.setattr(OnnxRuntimeRunner, "run_packed", lambda runner, trees, ready=None: calls.append(len(trees)) or run_packed(runner, trees, ready))
     report = run_merged(engine, 2, four_cases, tmp_path / "packed.json", packed=True)
     trees = [len(plan.trees) for plan in _plans(engine, four_cases)]
     assert calls == [trees[0] + trees[1], trees[2] + trees[3]]

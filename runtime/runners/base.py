@@ -53,8 +53,14 @@ class Tree:
         return len(self.prefix.ids) + sum(len(block.ids) for block in self.blocks)
 
 
+# Called by ``run`` with a block's hidden states as soon as they are on the host: the tree's index in
+# ``run``'s trees, the block's index in that tree, and its readout rows (what ``run`` returns for it).
+BlockReady = Callable[[int, int, np.ndarray], None]
+
+
 class BackboneRunner(Protocol):
-    """``prefill`` then ``continue_blocks``; ``run`` answers many trees (runners may batch them)."""
+    """``prefill`` then ``continue_blocks``; ``run`` answers many trees (runners may batch them), handing
+    each block to ``ready`` once its forward is done, so that its heads may start while others run."""
 
     name: str  # torch | onnxruntime | tensorrt
     device: str  # cpu | cuda
@@ -65,7 +71,7 @@ class BackboneRunner(Protocol):
 
     def continue_blocks(self, state: Any, prefix: Prefix, blocks: Sequence[Block]) -> list[np.ndarray]: ...
 
-    def run(self, trees: Sequence[Tree]) -> list[list[np.ndarray]]: ...
+    def run(self, trees: Sequence[Tree], ready: BlockReady | None = None) -> list[list[np.ndarray]]: ...
 
 
 def numerics(precision: str) -> str:
@@ -73,12 +79,15 @@ def numerics(precision: str) -> str:
     return "exact" if precision == "fp32" else "approximate"
 
 
-def run_one_by_one(runner: BackboneRunner, trees: Sequence[Tree]) -> list[list[np.ndarray]]:
+def run_one_by_one(runner: BackboneRunner, trees: Sequence[Tree], ready: BlockReady | None = None) -> list[list[np.ndarray]]:
     """Each tree's prefix once, then its blocks from that state: the reference order of work."""
     out = []
-    for tree in trees:
+    for index, tree in enumerate(trees):
         state = runner.prefill(tree.prefix)
         out.append(runner.continue_blocks(state, tree.prefix, tree.blocks))
+        for number, rows in enumerate(out[-1]):
+            if ready is not None:
+                ready(index, number, rows)
     return out
 
 

@@ -46,7 +46,7 @@ import onnxruntime
 from onnx import TensorProto, helper
 
 from ..errors import EnvironmentMissing
-from .base import Block, Prefix, Tree, pad_blocks, text_positions
+from .base import Block, BlockReady, Prefix, Tree, pad_blocks, text_positions
 from .capture_lock import device_run
 from .cuda_graphs import UNCAPTURED, Graph, GraphedSession, bucket, capture_options, run_options
 from .packing import pack_blocks
@@ -147,6 +147,12 @@ def length_groups(lengths: Sequence[int], slack: float) -> list[list[int]]:
     return _ascending_groups(lengths, lambda count, widest, total: widest * count <= slack * total)
 
 
+def longest_first(groups: list[list[int]], lengths: Sequence[int]) -> list[list[int]]:
+    """``length_groups``'s groups, the one holding the longest block first: its heads (a span block's, the
+    most CPU work of a request) then run while the other groups' forwards do."""
+    return sorted(groups, key=lambda group: -max(lengths[i] for i in group))
+
+
 def row_gather_graph(names: Sequence[str]) -> bytes:
     """``gathered.i = Gather(state.i, index)`` along the batch axis for every state tensor."""
     nodes, inputs, outputs = [], [helper.make_tensor_value_info("index", TensorProto.INT64, ["rows"])], []
@@ -234,29 +240,36 @@ class OnnxRuntimeRunner:
         return self._continue_grouped(state, np.zeros(len(blocks), np.int64), blocks)
 
     @device_run
-    def run(self, trees: Sequence[Tree]) -> list[list[np.ndarray]]:
+    def run(self, trees: Sequence[Tree], ready: BlockReady | None = None) -> list[list[np.ndarray]]:
         """Per batch of ``tree_batches``, one prefill call, then its blocks in continue calls grouped by
-        length (trees without blocks are skipped)."""
+        length, the longest group first (trees without blocks are skipped); each group's blocks go to
+        ``ready`` once their call is done."""
         busy = [index for index, tree in enumerate(trees) if tree.blocks]
-        out: list[list[np.ndarray]] = [[] for _ in trees]
+        out: list[list[np.ndarray]] = [[np.empty(0)] * len(tree.blocks) for tree in trees]
         for batch in tree_batches([trees[index].tokens for index in busy]):
             chosen = [busy[position] for position in batch]
             state = self._prefill_batch([trees[index].prefix for index in chosen])
-            owners = np.array([row for row, index in enumerate(chosen) for _ in trees[index].blocks], np.int64)
-            hidden = iter(self._continue_grouped(state, owners, [block for index in chosen for block in trees[index].blocks]))
-            for index in chosen:
-                out[index] = [next(hidden) for _ in trees[index].blocks]
+            places = [(row, index, number) for row, index in enumerate(chosen) for number in range(len(trees[index].blocks))]
+            blocks = [trees[index].blocks[number] for _, index, number in places]
+            owners = np.array([row for row, _, _ in places], np.int64)
+            lengths = [len(block.ids) for block in blocks]
+            for group in longest_first(length_groups(lengths, PADDING_SLACK), lengths):
+                for position, hidden in zip(group, self._continue_batch(state, owners[group], [blocks[i] for i in group]), strict=True):
+                    _, index, number = places[position]
+                    out[index][number] = hidden
+                    if ready is not None:
+                        ready(index, number, hidden)
         return out
 
     @device_run
-    def run_packed(self, trees: Sequence[Tree]) -> list[list[np.ndarray]]:
+    def run_packed(self, trees: Sequence[Tree], ready: BlockReady | None = None) -> list[list[np.ndarray]]:
         """``run``'s answers from the packed graph (``open_packed`` first): per batch of ``tree_batches`` one
         prefill call, then per length group of its blocks (``length_groups``, as ``run`` groups them, so
         that a block row is not padded to a much longer block's width) one packed call, whose rows are
         the group's trees, each holding its blocks of the group one after another. A group of one block
         per tree runs as ``run`` runs it (the continue graph): a row of one block has nothing to pack, and
         the packed graph attends to a block's own keys unchunked where the CPU's continue graph attends
-        64 queries at a time."""
+        64 queries at a time. Groups run and reach ``ready`` as in ``run``."""
         if self._packed is None:
             raise RuntimeError("the packed graph is not loaded: open_packed() first")
         busy = [index for index, tree in enumerate(trees) if tree.blocks]
@@ -266,7 +279,7 @@ class OnnxRuntimeRunner:
             state = self._prefill_batch([trees[index].prefix for index in chosen])
             places = [(row, number) for row, index in enumerate(chosen) for number in range(len(trees[index].blocks))]
             lengths = [len(trees[chosen[row]].blocks[number].ids) for row, number in places]
-            for group in length_groups(lengths, PADDING_SLACK):
+            for group in longest_first(length_groups(lengths, PADDING_SLACK), lengths):
                 taken = sorted(places[i] for i in group)
                 rows = sorted({row for row, _ in taken})
                 blocks = [[trees[chosen[row]].blocks[number] for owner, number in taken if owner == row] for row in rows]
@@ -276,6 +289,8 @@ class OnnxRuntimeRunner:
                     hidden = iter(self._packed_call(state, np.array(rows, np.int64), blocks))
                 for row, number in taken:
                     out[chosen[row]][number] = next(hidden)
+                    if ready is not None:
+                        ready(chosen[row], number, out[chosen[row]][number])
         return out
 
     def _packed_call(self, state: PrefixState, rows: np.ndarray, blocks: Sequence[Sequence[Block]]) -> list[np.ndarray]:

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..digest import sha256_file
 from ..errors import EnvironmentMissing, PackageError
-from .base import Block, Prefix, Tree, pad_blocks, run_one_by_one, text_positions
+from .base import Block, BlockReady, Prefix, Tree, pad_blocks, run_one_by_one, text_positions
 
 # Library name (as recorded in manifests) -> the Python modules that provide it, tried in order.
 MODULES = {"tensorrt": ("tensorrt",), "tensorrt_rtx": ("tensorrt_rtx_bindings", "tensorrt_rtx")}
@@ -254,5 +254,5 @@ class TensorRtRunner:
             out += [hidden[row, : len(block.readouts)] for row, block in enumerate(batch)]
         return out
 
-    def run(self, trees: Sequence[Tree]) -> list[list[np.ndarray]]:
-        return run_one_by_one(self, trees)
+    def run(self, trees: Sequence[Tree], ready: BlockReady | None = None) -> list[list[np.ndarray]]:
+        return run_one_by_one(self, trees, ready)

@@ -45,7 +45,7 @@ import torch
 from safetensors import safe_open
 
 from ..errors import EnvironmentMissing
-from .base import Block, Prefix, Tree, pad_blocks, run_one_by_one, text_positions
+from .base import Block, BlockReady, Prefix, Tree, pad_blocks, run_one_by_one, text_positions
 from .qwen3_5 import modeling
 
 BACKBONE_PREFIX = "backbone."
@@ -252,8 +252,8 @@ class TorchRunner:
         hidden = hidden.float().cpu().numpy()
         return [hidden[row, block.readouts] for row, block in enumerate(blocks)]
 
-    def run(self, trees: Sequence[Tree]) -> list[list[np.ndarray]]:
-        return run_one_by_one(self, trees)
+    def run(self, trees: Sequence[Tree], ready: BlockReady | None = None) -> list[list[np.ndarray]]:
+        return run_one_by_one(self, trees, ready)
 
     @torch.inference_mode()
     def forward(self, ids: np.ndarray, positions: np.ndarray | None = None, embedded: Prefix | None = None) -> np.ndarray:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import numpy as np
 from ..errors import DEADLINE_EXCEEDED, MAX_LENGTH_EXCEEDED, SCAN_BUDGET_EXCEEDED, RequestError, UsageError, item_error
 from ..identity import Identity, identity_of
 from ..package import VerifiedPackage
-from ..runners.base import BackboneRunner, Tree, numerics
+from ..runners.base import BackboneRunner, BlockReady, Tree, numerics
 from .answers import Answerer, RawRow, RawSpan
 from .calibration import BROAD, ROUTER, Calibration
 from .dispatch import Dispatcher
@@ -91,6 +92,22 @@ class Vela2Plan:
 
     def reasons(self) -> str:
         return "; ".join(f"{qid}: {error.get('message', error['error'])}" for qid, error in self.request.errors.items())
+
+
+class PlanHidden(list):
+    """One plan's entry of ``Vela2Model.forward``: per tree, per block, the hidden states at its readouts; and
+    ``spans``, the span head's scores of each span block (by ``id`` of its ``RenderedBlock``), begun on
+    ``_SPAN_READOUTS`` as soon as the runner handed the block over. The runner runs the longest blocks
+    first (a span block carries its text again), so on a GPU the span head, most of a request's CPU
+    work, overlaps the forwards of the other blocks (``benchmarks/README.md``, "readout overlap")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spans: dict[int, Future[np.ndarray]] = {}
+
+
+# Span heads begun during a forward: each fans its word chunks out to the span head's own threads.
+_SPAN_READOUTS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="s1omni-span-readout")
 
 
 def head_tensors(package: VerifiedPackage) -> dict[str, np.ndarray]:
@@ -256,8 +273,9 @@ class Vela2Model:
 
     # -- execute ---------------------------------------------------------------------------------
 
-    def forward(self, plans: Sequence[Vela2Plan]) -> list[list[list[np.ndarray]]]:
-        """The runner over every tree of ``plans`` at once; per plan, its trees' hidden states (per block)."""
+    def forward(self, plans: Sequence[Vela2Plan]) -> list[PlanHidden]:
+        """The runner over every tree of ``plans`` at once; per plan, its trees' hidden states (per block),
+        with the span head already started on each span block the runner finished (``PlanHidden``)."""
         return self._forward(plans, self.runner.run)
 
     def open_shared_context(self) -> None:
@@ -268,16 +286,26 @@ class Vela2Model:
                              "(serve an ONNX Runtime engine built from an export of this version)")  # fmt: skip
         self.runner.open_packed()
 
-    def forward_packed(self, plans: Sequence[Vela2Plan]) -> list[list[list[np.ndarray]]]:
+    def forward_packed(self, plans: Sequence[Vela2Plan]) -> list[PlanHidden]:
         """``forward`` with each tree's blocks packed into one row behind its prefix (``shared_context``;
         ``open_shared_context`` first)."""
         return self._forward(plans, self.runner.run_packed)
 
-    @staticmethod
-    def _forward(plans: Sequence[Vela2Plan], run: Callable[[list[Tree]], list[list[np.ndarray]]]) -> list[list[list[np.ndarray]]]:
+    def _forward(self, plans: Sequence[Vela2Plan], run: Callable[[list[Tree], BlockReady], list[list[np.ndarray]]]) -> list[PlanHidden]:
+        results = [PlanHidden() for _ in plans]
+        owners = [(result, blocks) for result, plan in zip(results, plans, strict=True) for _, blocks in plan.trees]
+
+        def ready(tree: int, number: int, rows: np.ndarray) -> None:
+            result, blocks = owners[tree]
+            block = blocks[number]
+            if block.read and block.is_span:
+                result.spans[id(block)] = _SPAN_READOUTS.submit(self._read_span, block, rows)
+
         trees = [tree for plan in plans for tree, _ in plan.trees]
-        hidden = iter(run(trees) if trees else [])
-        return [[next(hidden) for _ in plan.trees] for plan in plans]
+        hidden = iter(run(trees, ready) if trees else [])
+        for result, plan in zip(results, plans, strict=True):
+            result.extend(next(hidden) for _ in plan.trees)
+        return results
 
     def readout(self, plan: Vela2Plan, hidden: Sequence[Sequence[np.ndarray]]) -> dict[int, np.ndarray]:
         """The heads of one plan on its entry of ``forward``: its outputs by block."""
@@ -290,8 +318,10 @@ class Vela2Model:
     def read(self, plans: Sequence[Vela2Plan], hidden: Sequence[Sequence[np.ndarray]]) -> list[dict[int, np.ndarray]]:
         """Head outputs from the runner's hidden states (per tree of ``plans`` in order, per block).
         A plan's candidate blocks go through the candidate head in one call (``CandidateHead.blocks``:
-        each block's logits bitwise those it gets alone)."""
+        each block's logits bitwise those it gets alone). A span block whose head ``forward`` started
+        (``hidden`` a ``PlanHidden``) gives that head's scores, the same function of the same rows."""
         results: list[dict[int, np.ndarray]] = []
+        started = hidden.spans if isinstance(hidden, PlanHidden) else {}
         trees = iter(hidden)
         for plan in plans:
             outputs: dict[int, np.ndarray] = {}
@@ -299,7 +329,7 @@ class Vela2Model:
             for _, blocks in plan.trees:
                 for block, rows in zip(blocks, next(trees), strict=True):
                     if block.read and block.is_span:
-                        outputs[id(block)] = self._read_span(block, rows)
+                        outputs[id(block)] = started[id(block)].result() if id(block) in started else self._read_span(block, rows)
                     elif block.read:
                         candidates.append((block, rows))
             if candidates:
