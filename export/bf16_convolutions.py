@@ -49,7 +49,7 @@ TRANSPOSED = [0, 2, 1]
 
 @dataclass
 class _Plan:
-    """The nodes one convolution's rewrite drops, and the nodes put in place of each one it replaces."""
+    """What the rewrite drops (by node id), and the nodes it puts where each node it replaces stood."""
 
     dropped: set[int] = field(default_factory=set)
     placed: dict[int, list[onnx.NodeProto]] = field(default_factory=dict)  # by id of the node they stand in for
