@@ -35,24 +35,14 @@ holds the rewritten tiny member to the original graph with the same two rounding
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import onnx
 from onnx import TensorProto, helper
 
 from .bf16_gemms import Bf16Weights
-from .cuda_fusions import GraphIndex, attribute, other_input
+from .cuda_fusions import GraphIndex, Replacement, attribute, other_input, replace_nodes
 from .naming import CONTRIB_DOMAIN
 
 TRANSPOSED = [0, 2, 1]
-
-
-@dataclass
-class _Plan:
-    """What the rewrite drops (by node id), and the nodes it puts where each node it replaces stood."""
-
-    dropped: set[int] = field(default_factory=set)
-    placed: dict[int, list[onnx.NodeProto]] = field(default_factory=dict)  # by id of the node they stand in for
 
 
 def _transposes(node: onnx.NodeProto | None) -> bool:
@@ -73,7 +63,8 @@ def short_convolutions_in_bf16(model: onnx.ModelProto, weights: Bf16Weights) -> 
     graph = model.graph
     index = GraphIndex(graph)
     producers = {output: node for node in graph.node for output in node.output}
-    plan = _Plan()
+    replacements: list[Replacement] = []
+    split_in_bf16: set[int] = set()  # the merged products' splits already rewritten
     rounded: dict[str, onnx.TensorProto] = {}
     masks: set[str] = set()  # masks already transposed (once per graph)
     transposed: set[str] = set()  # past windows already transposed and rounded
@@ -95,10 +86,11 @@ def short_convolutions_in_bf16(model: onnx.ModelProto, weights: Bf16Weights) -> 
             continue
         if len(conv.input) > 2 and conv.input[2]:
             continue  # a bias: the exported Gated DeltaNet convolutions have none
-        if split is not None and id(split) not in plan.dropped:
+        if split is not None and id(split) not in split_in_bf16:
             if index.consumers[cast.output[0]] != [split]:
                 continue  # the float32 product is read elsewhere too: splitting the bfloat16 one saves nothing
-            _split_in_bf16(split, cast, plan)
+            split_in_bf16.add(id(split))
+            replacements.append(_split_in_bf16(split, cast))
         x16 = f"{x}/bf16" if split is not None else cast.input[0]
         past = conv.input[3] if len(conv.input) > 3 else ""
         inputs = [x16, _rounded_weight(weight, weights, rounded), "", *([f"{past}/cl/bf16"] if past else [])]
@@ -110,7 +102,7 @@ def short_convolutions_in_bf16(model: onnx.ModelProto, weights: Bf16Weights) -> 
         output = conv.output[0]
         made.append(helper.make_node("CausalConvWithState", inputs, [f"{output}/bf16", f"{output}.present_state"], name=f"{output}/CausalConvWithState.bf16",
                                      domain=CONTRIB_DOMAIN, activation=attribute(conv, "activation", "none"), channels_last=1))  # fmt: skip
-        plan.placed[id(conv)] = made
+        replacements.append(([conv], made))
         for reader, mask, last in readers:  # in place of the transpose back, which comes after the mask too
             widened = last.output[0] if mask is None else f"{last.output[0]}/unmasked"
             instead = [helper.make_node("Cast", [f"{output}/bf16"], [widened], to=TensorProto.FLOAT, name=f"{widened}/to_fp32")]
@@ -119,11 +111,11 @@ def short_convolutions_in_bf16(model: onnx.ModelProto, weights: Bf16Weights) -> 
                     masks.add(mask)
                     instead.append(helper.make_node("Transpose", [mask], [f"{mask}/cl"], perm=TRANSPOSED, name=f"{mask}/to_channels_last"))
                 instead.append(helper.make_node("Mul", [widened, f"{mask}/cl"], list(last.output), name=f"{last.output[0]}/masked"))
-            plan.placed[id(last)] = instead
-            plan.dropped.update({id(reader), id(last)})
-        plan.dropped.add(id(conv))
+            replacements.append(([reader, last] if reader is not last else [last], instead))
         count += 1
-    _apply(graph, plan, rounded)
+    replace_nodes(graph, replacements)  # each replacement where the last node it replaces stood: after its inputs
+    _drop_unread(graph)
+    graph.initializer.extend(rounded.values())
     return count
 
 
@@ -147,9 +139,9 @@ def _output_readers(index: GraphIndex, conv: onnx.NodeProto) -> list[tuple[onnx.
     return found
 
 
-def _split_in_bf16(split: onnx.NodeProto, cast: onnx.NodeProto, plan: _Plan) -> None:
+def _split_in_bf16(split: onnx.NodeProto, cast: onnx.NodeProto) -> Replacement:
     """``split`` on the bfloat16 product ``cast`` widens, each of its parts cast to float32 after it (the same
-    values: a cast commutes with a split; ``_apply`` drops the casts nothing reads); the product's cast dropped."""
+    values: a cast commutes with a split; ``_drop_unread`` drops the casts nothing reads), in place of both."""
     bf16_split = onnx.NodeProto()
     bf16_split.CopyFrom(split)
     bf16_split.input[0] = cast.input[0]
@@ -157,8 +149,7 @@ def _split_in_bf16(split: onnx.NodeProto, cast: onnx.NodeProto, plan: _Plan) -> 
     del bf16_split.output[:]
     bf16_split.output.extend(f"{name}/bf16" for name in split.output)
     casts = [helper.make_node("Cast", [f"{name}/bf16"], [name], to=TensorProto.FLOAT, name=f"{name}/to_fp32") for name in split.output]
-    plan.placed[id(split)] = [bf16_split, *casts]
-    plan.dropped.update({id(split), id(cast)})
+    return [cast, split], [bf16_split, *casts]
 
 
 def _rounded_weight(weight: onnx.TensorProto, weights: Bf16Weights, rounded: dict[str, onnx.TensorProto]) -> str:
@@ -171,16 +162,10 @@ def _rounded_weight(weight: onnx.TensorProto, weights: Bf16Weights, rounded: dic
     return rounded[weight.name].name
 
 
-def _apply(graph: onnx.GraphProto, plan: _Plan, rounded: dict[str, onnx.TensorProto]) -> None:
-    """The graph's nodes with ``plan`` carried out in their order (each replacement where the node it replaces
-    stood: its inputs are made earlier), then without the nodes nothing reads any more (a channels-major copy
-    only the convolution read, a float32 part nothing reads); the new weights added, and the float32 ones
-    nothing reads dropped."""
-    nodes = []
-    for node in graph.node:
-        nodes += plan.placed.get(id(node), [])
-        if id(node) not in plan.dropped:
-            nodes.append(node)
+def _drop_unread(graph: onnx.GraphProto) -> None:
+    """``graph`` without the nodes whose outputs nothing reads any more (a channels-major copy only the
+    convolution read, a float32 part of a split product nothing reads), nor what only they read."""
+    nodes = list(graph.node)
     outputs = {value.name for value in graph.output}
     while True:
         read = {name for node in nodes for name in node.input} | outputs
@@ -188,8 +173,5 @@ def _apply(graph: onnx.GraphProto, plan: _Plan, rounded: dict[str, onnx.TensorPr
         if len(live) == len(nodes):
             break
         nodes = live
-    used = {name for node in nodes for name in node.input}
-    kept = [tensor for tensor in graph.initializer if tensor.name in used or tensor.name not in rounded]
-    del graph.node[:], graph.initializer[:]
+    del graph.node[:]
     graph.node.extend(nodes)
-    graph.initializer.extend([*kept, *rounded.values()])

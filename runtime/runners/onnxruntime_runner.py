@@ -245,20 +245,16 @@ class OnnxRuntimeRunner:
         length, the longest group first (trees without blocks are skipped); each group's blocks go to
         ``ready`` once their call is done."""
         busy = [index for index, tree in enumerate(trees) if tree.blocks]
-        out: list[list[np.ndarray]] = [[np.empty(0)] * len(tree.blocks) for tree in trees]
+        out: list[list[np.ndarray]] = [[] for _ in trees]
         for batch in tree_batches([trees[index].tokens for index in busy]):
             chosen = [busy[position] for position in batch]
             state = self._prefill_batch([trees[index].prefix for index in chosen])
-            places = [(row, index, number) for row, index in enumerate(chosen) for number in range(len(trees[index].blocks))]
-            blocks = [trees[index].blocks[number] for _, index, number in places]
-            owners = np.array([row for row, _, _ in places], np.int64)
-            lengths = [len(block.ids) for block in blocks]
-            for group in longest_first(length_groups(lengths, PADDING_SLACK), lengths):
-                for position, hidden in zip(group, self._continue_batch(state, owners[group], [blocks[i] for i in group]), strict=True):
-                    _, index, number = places[position]
-                    out[index][number] = hidden
-                    if ready is not None:
-                        ready(index, number, hidden)
+            owners = np.array([row for row, index in enumerate(chosen) for _ in trees[index].blocks], np.int64)
+            places = [(index, number) for index in chosen for number in range(len(trees[index].blocks))]
+            done = None if ready is None else lambda position, rows: ready(*places[position], rows)
+            hidden = iter(self._continue_grouped(state, owners, [block for index in chosen for block in trees[index].blocks], done))
+            for index in chosen:
+                out[index] = [next(hidden) for _ in trees[index].blocks]
         return out
 
     @device_run
@@ -348,12 +344,17 @@ class OnnxRuntimeRunner:
         self._prefill.run_with_iobinding(binding, self._uncaptured)
         return PrefixState(values=binding.get_outputs()[1:], mask=mask, starts=starts)
 
-    def _continue_grouped(self, state: PrefixState, owners: np.ndarray, blocks: Sequence[Block]) -> list[np.ndarray]:
-        """``_continue_batch`` over length groups (see ``length_groups``), results in block order."""
+    def _continue_grouped(self, state: PrefixState, owners: np.ndarray, blocks: Sequence[Block],
+                          done: Callable[[int, np.ndarray], None] | None = None) -> list[np.ndarray]:  # fmt: skip
+        """``_continue_batch`` over length groups (see ``length_groups``), the longest first; results in block
+        order, and each block's to ``done`` (its index, its rows) as its call ends."""
         out: list[np.ndarray] = [np.empty(0)] * len(blocks)
-        for group in length_groups([len(block.ids) for block in blocks], PADDING_SLACK):
+        lengths = [len(block.ids) for block in blocks]
+        for group in longest_first(length_groups(lengths, PADDING_SLACK), lengths):
             for index, hidden in zip(group, self._continue_batch(state, owners[group], [blocks[i] for i in group]), strict=True):
                 out[index] = hidden
+                if done is not None:
+                    done(index, hidden)
         return out
 
     @staticmethod
