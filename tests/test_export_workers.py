@@ -68,11 +68,30 @@ def three_cores(monkeypatch: pytest.MonkeyPatch) -> int:
     return 2
 
 
+def _meet(job: tuple[Path, str, Path, int]) -> int:
+    """Record the job's name in the log and in ``meeting``, then wait until ``meeting`` holds ``count``
+    names: jobs meeting this way run side by side, each in a process of its own, however long the
+    workers take to start. The process it ran in."""
+    log, name, meeting, count = job
+    for path in (log, meeting):
+        with path.open("a", encoding="utf-8") as records:
+            records.write(f"{name}\n")
+    deadline = time.monotonic() + 120.0  # a spawned worker's imports on a loaded 2-core machine: seconds
+    while len(meeting.read_text(encoding="utf-8").splitlines()) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name}: the other jobs never started beside it")
+        time.sleep(0.01)
+    return os.getpid()
+
+
 def test_jobs_are_shared_between_the_workers_and_this_process(three_cores: int, tmp_path: Path) -> None:
     """The first jobs go to the workers at once, ``meanwhile`` runs here, and where the workers are fewer
-    than the jobs, this process takes the rest: the workers are still busy with theirs (a second each)."""
+    than the jobs, this process takes the rest: the workers are still busy with theirs, which wait for
+    each other (a worker that ran both one after the other would wait forever)."""
     log, jobs = tmp_path / "log", 5
-    found, meanwhile = workers.share(_run, [(log, f"job {i}", 1.0 if i < three_cores else 0.0) for i in range(jobs)], lambda: "meanwhile")
+    on_workers = [(log, f"job {i}", tmp_path / "meeting", three_cores) for i in range(three_cores)]
+    here = [(log, f"job {i}", tmp_path / f"alone {i}", 0) for i in range(three_cores, jobs)]
+    found, meanwhile = workers.share(_meet, on_workers + here, lambda: "meanwhile")
     assert meanwhile == "meanwhile"
     assert sorted(log.read_text(encoding="utf-8").split("\n")[:-1]) == [f"job {i}" for i in range(jobs)]  # each once
     assert os.getpid() not in found[:three_cores] and len(set(found[:three_cores])) == three_cores  # one on each worker
