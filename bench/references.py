@@ -41,6 +41,19 @@ REFERENCES = (REFERENCE, FLA_REFERENCE)
 KERNELS = {REFERENCE: "torch", FLA_REFERENCE: "fla"}  # each reference subject's ``TorchRunner`` kernels
 
 
+def release_cached_memory(subject: str) -> None:
+    """After a torch subject's samples, hand the blocks torch's CUDA allocator caches back to the driver: the
+    next subject may be an engine whose ONNX Runtime arena grows from the same free memory. Without it the 9B's
+    engine ran out of an 80 GB H100 at 2,048 tokens, right after the references' own 2,048-token runs
+    (``benchmarks/h100-op-serving/9B/bench-9B.log``)."""
+    if subject not in REFERENCES:
+        return
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def fla_status(device: str) -> dict[str, Any]:
     """Whether ``reference+fla`` runs on ``device`` here: ``available``, FLA's ``version``, and the ``reason`` it does not."""
     if not str(device).startswith("cuda"):

@@ -33,7 +33,7 @@ from s1omni.runtime.errors import UsageError
 from s1omni.runtime.families import family as family_of
 from s1omni.runtime.runners.base import Block, Prefix, Tree
 
-from .references import REFERENCE, ratio_note, workload_ratios
+from .references import REFERENCE, ratio_note, release_cached_memory, workload_ratios
 from .stats import now, summarize, time_calls, to_ms
 
 from s1omni.calib import CALIB
@@ -214,6 +214,7 @@ def measure(
         first = call()  # the feasibility call: excluded from the samples, its answers checked
         errors = sum(map(answer_errors, first)) if workload.body is not None else None
         samples, wall = time_calls(call, requests, warmup)
+        release_cached_memory(name)
         summary = summarize(to_ms(samples), wall)
         entry["results"][name] = {**summary, "feasibility": 1, "warmup": warmup, "answer_errors": errors}
         progress(f"{workload.name} {name}: p50 {summary['p50_ms']:.3f} ms, p95 {summary['p95_ms']:.3f} ms ({requests} samples)")

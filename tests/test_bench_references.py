@@ -22,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from s1omni.bench.records import label
-from s1omni.bench.references import FLA_REFERENCE, REFERENCE, fla_status, reference_names, workload_ratios
+from s1omni.bench.references import FLA_REFERENCE, REFERENCE, fla_status, reference_names, release_cached_memory, workload_ratios
 from s1omni.runtime.errors import EnvironmentMissing
 from s1omni.runtime.runners.torch_runner import TorchRunner
 
@@ -271,3 +272,18 @@ def test_a_cuda_bench_times_both_references(tiny_vela: Path, tmp_path: Path) -> 
     (entry,) = data["workloads"]
     assert set(entry["results"]) == {REFERENCE, FLA_REFERENCE} and entry["ratios"] == {}
     assert entry["ratio_reference"] == min((REFERENCE, FLA_REFERENCE), key=lambda name: entry["results"][name]["p50_ms"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (runs on the device)")
+def test_a_reference_subject_hands_its_cached_blocks_back() -> None:
+    """After a torch reference's samples the blocks torch's allocator cached go back to the driver, for the engine
+    timed next; after an engine's nothing of torch's is touched."""
+    block = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    del block
+    cached = torch.cuda.memory_reserved()
+    assert cached >= 256 << 20
+    release_cached_memory("onnxruntime/cuda")
+    assert torch.cuda.memory_reserved() == cached
+    release_cached_memory(REFERENCE)
+    assert torch.cuda.memory_reserved() < cached
