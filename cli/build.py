@@ -78,6 +78,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "autocast runs it, instead of a float32 copy transposed there and back",
     )
     parser.add_argument(
+        "--fused-silu",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in, not yet timed on a GPU: each MLP's silu(gate) * up, its "
+        "casts and (with --merged-projections) its split as one SiluProduct of the engine's op library, reading the bfloat16 "
+        "products and writing bfloat16",
+    )
+    parser.add_argument(
         "--fused-attention",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -121,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         gated_delta_inputs=args.gated_delta_inputs, merged_projections=args.merged_projections, fused_mixers=args.fused_mixers,
         bf16_convolutions=args.bf16_convolutions,
         fused_attention=args.fused_attention, attention_inputs=args.attention_inputs, vision_cuda_graphs=args.vision_cuda_graphs,
-        cuda_arch=args.cuda_arch,
+        cuda_arch=args.cuda_arch, fused_silu=args.fused_silu,
     )  # fmt: skip
     manifest = read_manifest(out)
     result = {"engine": str(out), **build_facts(manifest), "member": manifest["member"]}

@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.cuda_kernels import INPUT_TYPES
 from s1omni.export.naming import CONTRIB_DOMAIN, OP_TYPE
+from s1omni.export.silu_products import SILU_OP
 from s1omni.runtime.engine import read_manifest, write_manifest
 from tests.cli import run_s1omni, s1omni
 
@@ -91,6 +92,38 @@ def gated_delta_net_emulated(rewritten: onnx.ModelProto, inputs: str) -> onnx.Mo
         ]
         graph.initializer.extend([numpy_helper.from_array(np.array([0, 0, -1], np.int64), f"{tag}.pack"),
                                   numpy_helper.from_array(np.array([0, 0, heads, -1], np.int64), f"{tag}.heads")])  # fmt: skip
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
+def silu_products_emulated(rewritten: onnx.ModelProto, swap: bool = False) -> onnx.ModelProto:
+    """A copy of ``rewritten`` with each ``SiluProduct`` (CUDA only) spelled as the graph had it: the bfloat16 products
+    cast to float32 (a merged one cast, then split in halves), ``Sigmoid``, ``Mul``, ``Mul``, the result cast to
+    bfloat16. ``swap`` reads the halves the wrong way round, for a test that must tell."""
+    model = onnx.ModelProto.FromString(rewritten.SerializeToString())
+    graph = model.graph
+    nodes = []
+    for node in graph.node:
+        if node.op_type != SILU_OP:
+            nodes.append(node)
+            continue
+        tag = f"{node.name}/emulated"
+        gate, up = f"{tag}/gate", f"{tag}/up"
+        if len(node.input) == 2:
+            nodes += [helper.make_node("Cast", [node.input[0]], [gate], to=TensorProto.FLOAT),
+                      helper.make_node("Cast", [node.input[1]], [up], to=TensorProto.FLOAT)]  # fmt: skip
+        else:
+            nodes += [helper.make_node("Cast", [node.input[0]], [f"{tag}/product"], to=TensorProto.FLOAT),
+                      helper.make_node("Split", [f"{tag}/product"], [gate, up], axis=-1, num_outputs=2)]  # fmt: skip
+        if swap:
+            gate, up = up, gate
+        nodes += [
+            helper.make_node("Sigmoid", [gate], [f"{tag}/sigmoid"]),
+            helper.make_node("Mul", [gate, f"{tag}/sigmoid"], [f"{tag}/silu"]),
+            helper.make_node("Mul", [f"{tag}/silu", up], [f"{tag}/product32"]),
+            helper.make_node("Cast", [f"{tag}/product32"], list(node.output), to=TensorProto.BFLOAT16),
+        ]
     del graph.node[:]
     graph.node.extend(nodes)
     return model

@@ -81,6 +81,17 @@ def _prefill_feeds(rows: int, width: int) -> dict[str, np.ndarray]:
             "attention_mask": mask, "readout_index": np.tile(np.arange(width), (rows, 1))}  # fmt: skip
 
 
+def prefill_then_continue(prefill: onnxruntime.InferenceSession, continued: onnxruntime.InferenceSession) -> dict[str, list[np.ndarray]]:
+    """The prefill graph's outputs on two left-padded rows of 70 tokens, and the continue graph's on a block of 9 from its state."""
+    feeds = _prefill_feeds(2, 70)
+    states = prefill.run(None, feeds)
+    names = [value.name for value in prefill.get_outputs()]
+    past = {f"past_{name}": value for name, value in zip(names[1:], states[1:], strict=True)}
+    block = {"input_ids": np.random.default_rng(9).integers(1, 2048, (2, 9)), "position_ids": text_positions(70, 9)[:, None].repeat(2, axis=1),
+             "past_mask": feeds["attention_mask"], "readout_index": np.tile(np.arange(9), (2, 1))}  # fmt: skip
+    return {"prefill": states, "continue": continued.run(None, block | past)}
+
+
 @pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])
 def test_the_rewrite_computes_the_convolutions_rounded_to_bfloat16(external_export: Path, tmp_path: Path, merged: bool) -> None:
     """Prefill, then continue from its state: every output the same bit for bit as the float32 ``[B, C, T]``
@@ -93,14 +104,7 @@ def test_the_rewrite_computes_the_convolutions_rounded_to_bfloat16(external_expo
         models = {graph: _rewritten(external_export, graph, weights, merged, variant == "rewritten") for graph in ("prefill", "continue")}
         if variant == "rounded":
             models = {graph: _rounded_convolutions(model, external_export) for graph, model in models.items()}
-        prefill, continued = (_session(models[graph], directory, external_export) for graph in ("prefill", "continue"))
-        feeds = _prefill_feeds(2, 70)
-        states = prefill.run(None, feeds)
-        names = [value.name for value in prefill.get_outputs()]
-        past = {f"past_{name}": value for name, value in zip(names[1:], states[1:], strict=True)}
-        block = {"input_ids": np.random.default_rng(9).integers(1, 2048, (2, 9)), "position_ids": text_positions(70, 9)[:, None].repeat(2, axis=1),
-                 "past_mask": feeds["attention_mask"], "readout_index": np.tile(np.arange(9), (2, 1))}  # fmt: skip
-        outputs[variant] = {"prefill": states, "continue": continued.run(None, block | past)}
+        outputs[variant] = prefill_then_continue(*(_session(models[graph], directory, external_export) for graph in ("prefill", "continue")))
     for graph in ("prefill", "continue"):
         rewritten, rounded, float32 = (outputs[variant][graph] for variant in ("rewritten", "rounded", "float32"))
         assert all(np.array_equal(a, b) for a, b in zip(rewritten, rounded, strict=True)), graph

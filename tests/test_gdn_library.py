@@ -47,7 +47,7 @@ def test_the_library_builds_for_sm_90_without_a_gpu(library: tuple[Path, dict]) 
     out, facts = library
     assert sorted(path.name for path in out.iterdir()) == [OP_LIBRARY]
     assert facts["arch"] == "sm_90" and facts["shapes"] == [list(TINY_SHAPE)] and facts["fla_version"] == "0.6.0"
-    assert list(facts["kernels"]) == ["cumsum", "kkt_solve", "recompute_w_u", "chunk_states", "output"]
+    assert list(facts["kernels"]) == ["cumsum", "kkt_solve", "recompute_w_u", "chunk_states", "output", "silu_product"]
     assert facts["kernels"]["chunk_states"]["shared"] > 48 * 1024 or facts["kernels"]["output"]["shared"] > 0
     needed = subprocess.run(["ldd", str(out / OP_LIBRARY)], capture_output=True, text=True, check=True).stdout
     assert "libcuda" not in needed and "libonnxruntime" not in needed
@@ -139,15 +139,6 @@ def test_the_build_carries_and_pins_the_library(exported: Path, tmp_path: Path) 
 def test_the_op_is_refused_where_it_cannot_apply(exported: Path, tmp_path: Path, options: list[str], message: str) -> None:
     result = run_s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", *options, "--out", str(tmp_path / "e"))
     assert result.returncode == 2 and message in result.stderr and not (tmp_path / "e").exists()
-
-
-@pytest.fixture(scope="module")
-def gpu_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The library for this GPU with the tiny member's head shape and the members' (128 x 128)."""
-
-    out = tmp_path_factory.mktemp("gdn-gpu")
-    build_library(out, [TINY_SHAPE, (4, 128, 128)], int(device_compute_capability().removeprefix("sm_")))
-    return out
 
 
 @pytest.mark.gpu
