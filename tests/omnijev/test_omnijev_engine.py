@@ -165,8 +165,8 @@ def test_served_engine_answers_as_the_reference(engine: Path, report: dict[str, 
 def test_a_bf16_build_runs_the_vision_tower_s_linears_in_bfloat16(exported: Path, omnijev_package: Path, tmp_path: Path) -> None:
     """``s1omni build --target cuda --precision bf16``: the tower's ``Gemm``s (its linears: two per attention and
     two per MLP, per block, and the merger's two) run in bfloat16, as the backbone's GEMMs do. Run here in
-    emulation (``tests.cuda_builds.bfloat16_emulated``): it follows the tower with bfloat16 linears far closer
-    than the float32 graph it came from."""
+    emulation (``tests.cuda_builds.bfloat16_emulated``): it follows the tower with bfloat16 linears up to what the two
+    runtimes' float32 kernels make of the roundings, and a build with one bias dropped does not."""
     import numpy as np
     import onnxruntime
     from onnx import TensorProto
@@ -192,8 +192,16 @@ def test_a_bf16_build_runs_the_vision_tower_s_linears_in_bfloat16(exported: Path
     float32 = run(str(exported / "vision.onnx"))
     emulated = run(bfloat16_emulated(model, engine).SerializeToString())
     expected = VisionTower(bfloat16_linears(tower.model))(Pixels(feeds["pixel_values"], grid, int(config["spatial_merge_size"])))
-    rounding, wiring = np.median(np.abs(emulated - float32)), np.median(np.abs(emulated - expected))
-    assert rounding > 1e-4 * np.abs(float32).max() and wiring < rounding / 5, (rounding, wiring)
+    relative = lambda found, wanted: float(np.linalg.norm(found - wanted) / np.linalg.norm(wanted))  # noqa: E731
+    rounding, wiring = relative(emulated, float32), relative(emulated, np.asarray(expected))
+    # The rounding is there, and the wiring is torch's bfloat16 linears'. Not far inside the rounding: where torch's and
+    # ONNX Runtime's float32 kernels round differently, a few bfloat16 roundings flip and the flips compound through the
+    # blocks (on the 2-core AVX2 host of 2026-12-05: 0.0039 against a rounding of 0.0046; on earlier hosts far less).
+    # A miswired GEMM is far past it: one bias dropped gives 0.18.
+    assert rounding > 1e-3 and wiring < 2 * rounding, (rounding, wiring)
+    miswired = onnx.ModelProto.FromString(model.SerializeToString())
+    next(node for node in miswired.graph.node if node.op_type == "Gemm").input[2] = ""
+    assert relative(run(bfloat16_emulated(miswired, engine).SerializeToString()), np.asarray(expected)) > 2 * rounding
 
 
 def test_fused_attention_takes_the_vision_tower_s_attention_too(exported: Path, omnijev_package: Path, tmp_path: Path) -> None:
