@@ -33,7 +33,7 @@ ORT_INCLUDE_VARIABLE = "S1OMNI_ORT_INCLUDE"
 BFLOAT16 = "*bf16"
 SILU_PRODUCT = KernelSpec(
     "silu_product", "s1omni.export.silu_kernel", "silu_product_kernel",
-    (("gate", BFLOAT16), ("up", BFLOAT16), ("out", BFLOAT16), ("width", "i32"), ("gate_stride", "i32"), ("up_stride", "i32")),
+    (("gate", BFLOAT16), ("up", BFLOAT16), ("out", BFLOAT16), ("width", "i32"), ("stride", "i32")),
     {"BLOCK": 1024}, num_warps=4, num_stages=1,
 )  # fmt: skip
 

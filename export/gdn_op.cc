@@ -164,7 +164,7 @@ void launch(const KernelBinary& binary, CUfunction function, CUstream stream, st
 }
 
 // The functions of `count` kernel binaries in a stream's context, loaded on their first call outside a capture
-// and kept for the session.
+// and kept for the process: every node of every session in that context launches the same ones.
 class Modules {
  public:
   const CUfunction* functions(CUstream stream, const KernelBinary* binaries, int count, bool capturing) {
@@ -201,6 +201,11 @@ class Modules {
   std::mutex mutex_;
   std::map<std::pair<CUcontext, const KernelBinary*>, std::vector<CUfunction>> loaded_;
 };
+
+Modules& modules() {
+  static Modules instance;
+  return instance;
+}
 
 bool capturing(CUstream stream) {
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
@@ -274,7 +279,7 @@ class Kernel : public StatusKernel<Kernel> {
     }
 
     const bool captured = capturing(stream);
-    const CUfunction* functions = modules_.functions(stream, variant->kernels, kKernels, captured);
+    const CUfunction* functions = modules().functions(stream, variant->kernels, kKernels, captured);
     const Indices indices = index_arrays(rows, tokens, captured);
 
     // Scratch: the decay's chunk-local cumulative sum, (I + beta K K^T)^-1 per chunk, w, u, the new values and
@@ -346,7 +351,6 @@ class Kernel : public StatusKernel<Kernel> {
   }
 
   float scale_ = 0.f;
-  Modules modules_;
   std::mutex mutex_;
   std::map<std::pair<int64_t, int64_t>, Indices> indices_;
 };
@@ -389,12 +393,10 @@ class SiluProductKernel : public StatusKernel<SiluProductKernel> {
     const int64_t blocks = rows * ((width + kSiluBlock - 1) / kSiluBlock);
     require(last <= INT32_MAX && blocks <= INT32_MAX, "too large for one launch");
     const int32_t width32 = static_cast<int32_t>(width), stride = static_cast<int32_t>(last);
-    const CUfunction* functions = modules_.functions(stream, &kSiluProduct, 1, capturing(stream));
+    const CUfunction* functions = modules().functions(stream, &kSiluProduct, 1, capturing(stream));
     launch(kSiluProduct, functions[0], stream, {static_cast<unsigned>(blocks), 1, 1},
-           {&gate_ptr, &up_ptr, &out_ptr, &width32, &stride, &stride});
+           {&gate_ptr, &up_ptr, &out_ptr, &width32, &stride});
   }
-
-  Modules modules_;
 };
 
 template <typename Self, typename Compute>
