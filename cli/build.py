@@ -81,9 +81,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--fused-silu",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in, not yet timed on a GPU: each MLP's silu(gate) * up, its "
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in: each MLP's silu(gate) * up, its "
         "casts and (with --merged-projections) its split as one SiluProduct of the engine's op library, reading the bfloat16 "
         "products and writing bfloat16",
+    )
+    parser.add_argument(
+        "--fused-residual-norms",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in, not yet run on a GPU: each residual add and the "
+        "RMSNorm read by the next GEMMs as one ResidualRmsNorm of the engine's op library, reading the bfloat16 product and "
+        "writing the float32 sum and the bfloat16 normalized rows",
     )
     parser.add_argument(
         "--fused-attention",
@@ -129,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         gated_delta_inputs=args.gated_delta_inputs, merged_projections=args.merged_projections, fused_mixers=args.fused_mixers,
         bf16_convolutions=args.bf16_convolutions,
         fused_attention=args.fused_attention, attention_inputs=args.attention_inputs, vision_cuda_graphs=args.vision_cuda_graphs,
-        cuda_arch=args.cuda_arch, fused_silu=args.fused_silu,
+        cuda_arch=args.cuda_arch, fused_silu=args.fused_silu, fused_residual_norms=args.fused_residual_norms,
     )  # fmt: skip
     manifest = read_manifest(out)
     result = {"engine": str(out), **build_facts(manifest), "member": manifest["member"]}

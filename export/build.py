@@ -53,6 +53,7 @@ from s1omni.runtime.staging import staged_directory
 
 from .attention_fusions import fuse_attention
 from .bf16_convolutions import short_convolutions_in_bf16
+from .residual_norms import NORM_OP, fuse_residual_norms, norm_widths
 from .silu_products import SILU_OP, fuse_silu_products
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
 from .cpu_exp import exp_in_float64
@@ -130,15 +131,15 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
 def _graph_rewrites(
     target: str, kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool,
     weights: Bf16Weights, fp8_weights: Bf16Weights, mixers: bool, attention: str | None, bf16_convolutions: bool = False,
-    fused_silu: bool = False,
+    fused_silu: bool = False, fused_residual_norms: bool = False,
 ) -> dict[str, Callable[[onnx.ModelProto], int]]:
     """What a build rewrites in each backbone graph, in order: on the CPU its exponentials in float64
     (``s1omni.export.cpu_exp``), else the Gated DeltaNet kernel (its q/k/v in
     ``inputs``), the fused mixers and attention (its q/k/v in ``attention``; they match the spelling the export wrote), the norms and sigmoids, the
     merged projections, then the GEMMs' precision (merged weights are rounded as they are concatenated, so
     only bf16 builds merge; fp8 builds run the GEMMs float8 cannot take in bfloat16), then the short convolutions
-    on the GEMMs' bfloat16 products (``s1omni.export.bf16_convolutions``) and the MLPs' SiLU products
-    (``s1omni.export.silu_products``)."""
+    on the GEMMs' bfloat16 products (``s1omni.export.bf16_convolutions``), the MLPs' SiLU products
+    (``s1omni.export.silu_products``) and the residual adds with their norms (``s1omni.export.residual_norms``)."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
     if target == "cpu":
         rewrites["float64 Exp nodes"] = exp_in_float64
@@ -164,6 +165,8 @@ def _graph_rewrites(
         rewrites["bfloat16 short convolutions"] = lambda graph: short_convolutions_in_bf16(graph, weights)
     if fused_silu:
         rewrites[f"{SILU_OP} nodes"] = fuse_silu_products
+    if fused_residual_norms:
+        rewrites[f"{NORM_OP} nodes"] = fuse_residual_norms
     return rewrites
 
 
@@ -224,6 +227,7 @@ def build(
     vision_cuda_graphs: bool = False,
     cuda_arch: int | None = None,
     fused_silu: bool = False,
+    fused_residual_norms: bool = False,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
@@ -236,7 +240,8 @@ def build(
     the type of its q/k/v (``INPUT_TYPES``; None: fp32), ``vision_cuda_graphs`` (a vision member's tower replayed as a
     CUDA graph per patch count, ``s1omni.runtime.omnijev.engine.VisionSession``; opt-in), ``cuda_arch``, the
     compute capability ``ChunkedGatedDeltaRule``'s kernels are compiled for (None: the visible GPU's), and
-    ``fused_silu``, the MLPs' SiLU products as that library's ``SiluProduct`` (``s1omni.export.silu_products``)."""
+    ``fused_silu``, the MLPs' SiLU products as that library's ``SiluProduct`` (``s1omni.export.silu_products``), and
+    ``fused_residual_norms``, the residual adds and their RMSNorms as its ``ResidualRmsNorm`` (``s1omni.export.residual_norms``)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -276,8 +281,9 @@ def build(
                 raise UsageError(f"--gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
             op_fusion = op_fusion and target == "cuda"
             inputs = _gated_delta_inputs(gated_delta_inputs, kernel, precision)
-            if fused_silu and kernel != OP_TYPE:
-                raise UsageError(f"--fused-silu runs the op library of --gated-delta-kernel {OP_TYPE}: add it (--precision bf16)")
+            for option, asked in (("--fused-silu", fused_silu), ("--fused-residual-norms", fused_residual_norms)):
+                if asked and kernel != OP_TYPE:
+                    raise UsageError(f"{option} runs the op library of --gated-delta-kernel {OP_TYPE}: add it (--precision bf16)")
             if cuda_arch is not None and kernel != OP_TYPE:
                 raise UsageError(f"--cuda-arch is the GPU architecture --gated-delta-kernel {OP_TYPE} compiles its kernels for")
             if kernel == OP_TYPE:
@@ -289,11 +295,12 @@ def build(
                 if cuda_arch is None:
                     raise UsageError(f"--gated-delta-kernel {OP_TYPE}: no GPU here to compile for; name one with --cuda-arch (90: sm_90)")
             shapes: list[tuple[int, int, int]] = []
+            widths: list[int] = []
             merged_projections = merged_projections and precision == "bf16"
             attention = _attention_inputs(attention_inputs, fused_attention, precision)
             rewrites = _graph_rewrites(target, kernel, inputs, precision, recurrence, op_fusion, merged_projections,
                                        Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers, attention,
-                                       bf16_convolutions, fused_silu)  # fmt: skip
+                                       bf16_convolutions, fused_silu, fused_residual_norms)  # fmt: skip
             for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:
                     progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...")
@@ -303,6 +310,7 @@ def build(
                     if kernel == OP_TYPE:
                         shapes += state_shapes(graph)
                     done = ", ".join(f"{rewrite(graph)} {what}" for what, rewrite in rewrites.items())
+                    widths += norm_widths(graph)
                     onnx.save(graph, str(stage / name))
                     progress.note(f"onnxruntime/{target}: {name}: {done}")
                     continue
@@ -319,7 +327,7 @@ def build(
             library = None
             if kernel == OP_TYPE:
                 progress.note(f"onnxruntime/{target}: compiling {OP_TYPE} for sm_{cuda_arch}, head shapes {sorted(set(shapes))} ...")
-                library = build_library(stage, shapes, cuda_arch)
+                library = build_library(stage, shapes, cuda_arch, widths)
                 progress.note(f"onnxruntime/{target}: {library['library']} (Triton {library['triton_version']}, fla {library['fla_version']})")
             record = {
                 "backend": "onnxruntime",
@@ -336,6 +344,7 @@ def build(
                 "fused_mixers": fused_mixers,
                 "bf16_convolutions": bf16_convolutions,
                 "fused_silu": fused_silu,
+                "fused_residual_norms": fused_residual_norms,
                 "fused_attention": fused_attention,
                 "attention_inputs": attention,
                 "cuda_graphs": cuda_graphs,

@@ -174,16 +174,19 @@ Replacement = tuple[list[onnx.NodeProto], list[onnx.NodeProto]]  # nodes dropped
 
 
 def contrib_rewrite(
-    model: onnx.ModelProto, find: Callable[[GraphIndex, dict[str, onnx.NodeProto], onnx.GraphProto], Iterator[Replacement]]
+    model: onnx.ModelProto,
+    find: Callable[[GraphIndex, dict[str, onnx.NodeProto], onnx.GraphProto], Iterator[Replacement]],
+    domain: str = CONTRIB_DOMAIN,
 ) -> int:
     """Rewrite ``model`` in place with the replacements ``find`` yields (given the graph's index, its nodes by
-    output and the graph), importing ``com.microsoft`` where any was made; returns how many."""
+    output and the graph), importing ``domain`` (the ops': ``com.microsoft`` unless the engine's op library's) where
+    any was made; returns how many."""
     graph = model.graph
     producers = {output: node for node in graph.node for output in node.output}
     found = list(find(GraphIndex(graph), producers, graph))
     replace_nodes(graph, found)
-    if found and all(opset.domain != CONTRIB_DOMAIN for opset in model.opset_import):  # a Scan graph has no contrib op yet
-        model.opset_import.append(helper.make_opsetid(CONTRIB_DOMAIN, 1))
+    if found and all(opset.domain != domain for opset in model.opset_import):  # a Scan graph has no contrib op yet
+        model.opset_import.append(helper.make_opsetid(domain, 1))
     return len(found)
 
 

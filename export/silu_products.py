@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .cuda_fusions import GraphIndex, Replacement, attribute, replace_nodes
+from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite
 from .naming import OP_DOMAIN
 
 SILU_OP = "SiluProduct"
@@ -96,10 +96,4 @@ def _silu_products(index: GraphIndex, producers: dict[str, onnx.NodeProto], grap
 
 def fuse_silu_products(model: onnx.ModelProto) -> int:
     """Rewrite ``model`` in place with each MLP's SiLU product as one ``SiluProduct``; returns how many."""
-    graph = model.graph
-    producers = {output: node for node in graph.node for output in node.output}
-    found = list(_silu_products(GraphIndex(graph), producers, graph))
-    replace_nodes(graph, found)
-    if found and all(opset.domain != OP_DOMAIN for opset in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(OP_DOMAIN, 1))
-    return len(found)
+    return contrib_rewrite(model, _silu_products, OP_DOMAIN)

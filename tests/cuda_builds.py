@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.cuda_kernels import INPUT_TYPES
 from s1omni.export.naming import CONTRIB_DOMAIN, OP_TYPE
+from s1omni.export.residual_norms import NORM_OP
 from s1omni.export.silu_products import SILU_OP
 from s1omni.runtime.engine import read_manifest, write_manifest
 from tests.cli import run_s1omni, s1omni
@@ -123,6 +124,32 @@ def silu_products_emulated(rewritten: onnx.ModelProto, swap: bool = False) -> on
             helper.make_node("Mul", [gate, f"{tag}/sigmoid"], [f"{tag}/silu"]),
             helper.make_node("Mul", [f"{tag}/silu", up], [f"{tag}/product32"]),
             helper.make_node("Cast", [f"{tag}/product32"], list(node.output), to=TensorProto.BFLOAT16),
+        ]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
+def residual_norms_emulated(rewritten: onnx.ModelProto, add: bool = True) -> onnx.ModelProto:
+    """A copy of ``rewritten`` with each ``ResidualRmsNorm`` (CUDA only) spelled as the graph had it: the bfloat16
+    addend cast to float32, ``Add``, ``SimplifiedLayerNormalization`` (float32 statistics), the result cast to
+    bfloat16. ``add=False`` normalizes the residual alone, for a test that must tell."""
+    model = onnx.ModelProto.FromString(rewritten.SerializeToString())
+    graph = model.graph
+    nodes = []
+    for node in graph.node:
+        if node.op_type != NORM_OP:
+            nodes.append(node)
+            continue
+        tag = f"{node.name}/emulated"
+        residual, addend, weight = node.input
+        normalized, total = node.output
+        epsilon = helper.get_attribute_value(node.attribute[0])
+        nodes += [
+            helper.make_node("Cast", [addend], [f"{tag}/addend"], to=TensorProto.FLOAT),
+            helper.make_node("Add", [residual, f"{tag}/addend"], [total]) if add else helper.make_node("Identity", [residual], [total]),
+            helper.make_node("SimplifiedLayerNormalization", [total, weight], [f"{tag}/norm"], axis=-1, epsilon=epsilon, stash_type=1),
+            helper.make_node("Cast", [f"{tag}/norm"], [normalized], to=TensorProto.BFLOAT16),
         ]
     del graph.node[:]
     graph.node.extend(nodes)

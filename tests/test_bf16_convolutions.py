@@ -92,6 +92,20 @@ def prefill_then_continue(prefill: onnxruntime.InferenceSession, continued: onnx
     return {"prefill": states, "continue": continued.run(None, block | past)}
 
 
+def emulated_outputs(export: Path, directory: Path, build: Callable[[str, Bf16Weights], onnx.ModelProto]) -> list[np.ndarray]:
+    """Every output of ``prefill_then_continue`` through the prefill and continue graphs ``build`` makes (given the
+    graph's name and the bf16 weights it writes to the new ``directory``), bfloat16 emulated on the CPU EP."""
+    directory.mkdir()
+    weights = Bf16Weights(export, directory)
+    sessions = []
+    for graph in ("prefill", "continue"):
+        emulated = bfloat16_emulated(build(graph, weights), directory)
+        onnx.load_external_data_for_model(emulated, str(export))
+        sessions.append(onnxruntime.InferenceSession(emulated.SerializeToString(), providers=["CPUExecutionProvider"]))
+    ran = prefill_then_continue(*sessions)
+    return [*ran["prefill"], *ran["continue"]]
+
+
 @pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])
 def test_the_rewrite_computes_the_convolutions_rounded_to_bfloat16(external_export: Path, tmp_path: Path, merged: bool) -> None:
     """Prefill, then continue from its state: every output the same bit for bit as the float32 ``[B, C, T]``

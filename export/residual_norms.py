@@ -1,0 +1,93 @@
+"""The residual adds and the RMSNorms after them as one op (``--fused-residual-norms``): ``ResidualRmsNorm`` of the
+engine's op library.
+
+After the bf16 GEMMs (``s1omni.export.bf16_gemms``) a layer's residual step reads: the mixer's or the MLP's bfloat16
+product cast to float32 (the Gated DeltaNet's through the reshapes and gather that put its rows back in order),
+``Add`` to the float32 residual stream, ``SimplifiedLayerNormalization`` (float32 statistics, the (1 + w) weight
+baked) and a cast of the result to bfloat16 for the next GEMMs: four kernels and their float32 traffic, where ONNX
+Runtime's CUDA EP has no kernel that takes a bfloat16 addend or writes a bfloat16 result beside the float32 sum. The
+op (``s1omni.export.residual_norm_kernel``, ``gdn_op.cc``) reads the bfloat16 product and the residual and writes
+the sum and the bfloat16 normalized rows, float32 between. The reshapes and gather move ahead of the cast, onto the
+bfloat16 product: they only move values, so the op reads what the ``Add`` did.
+
+A norm is rewritten where its only reader is that cast to bfloat16 (the MLPs' norms and the attention layers'
+input norms; a Gated DeltaNet layer's input norm is read in float32 through its padding mask, and the last norm
+is the backbone's output), its weight a float32 initializer, and the add's sum read by nothing made before the cast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx
+from onnx import TensorProto, helper
+
+from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite
+from .naming import OP_DOMAIN
+
+NORM_OP = "ResidualRmsNorm"
+BF16_SUFFIX = "/bf16"  # the bf16 GEMMs' products (s1omni.export.bf16_gemms names them so)
+MOVES_VALUES = ("Reshape", "Gather", "Squeeze", "Unsqueeze", "Flatten")  # exact on any type: they commute with a cast
+
+
+def _internal(index: GraphIndex, name: str) -> bool:
+    return name not in index.outputs and len(index.consumers[name]) == 1
+
+
+def _bf16_addend(index: GraphIndex, producers: dict[str, onnx.NodeProto], name: str) -> tuple[onnx.NodeProto, list[onnx.NodeProto]] | None:
+    """Where float32 ``name`` is a bf16 GEMM's product cast to float32, then only moved (each step read once):
+    the cast and the moves after it, in order."""
+    moves: list[onnx.NodeProto] = []
+    node = producers.get(name)
+    while node is not None and node.op_type in MOVES_VALUES and not node.domain and _internal(index, node.output[0]):
+        moves.insert(0, node)
+        node = producers.get(node.input[0])
+    if node is None or node.op_type != "Cast" or node.domain or attribute(node, "to") != TensorProto.FLOAT:
+        return None
+    if not node.input[0].endswith(BF16_SUFFIX) or not _internal(index, node.output[0]):
+        return None
+    return node, moves
+
+
+def _residual_norms(index: GraphIndex, producers: dict[str, onnx.NodeProto], graph: onnx.GraphProto) -> Iterator[Replacement]:
+    position = {id(node): i for i, node in enumerate(graph.node)}
+    for norm in graph.node:
+        if norm.op_type != "SimplifiedLayerNormalization" or norm.domain or len([o for o in norm.output if o]) != 1:
+            continue
+        weight = index.constants.get(norm.input[1]) if len(norm.input) == 2 else None
+        add = producers.get(norm.input[0])
+        rounded = index.only_consumer(norm, "Cast")
+        if weight is None or weight.data_type != TensorProto.FLOAT or len(weight.dims) != 1 or add is None:
+            continue
+        if attribute(norm, "axis", -1) != -1 or attribute(norm, "stash_type", 1) != 1 or add.op_type != "Add" or add.domain:
+            continue
+        if rounded is None or attribute(rounded, "to") != TensorProto.BFLOAT16 or len(add.input) != 2:
+            continue
+        readers = [node for node in index.consumers[add.output[0]] if node is not norm]
+        if any(position[id(node)] < position[id(rounded)] for node in readers):
+            continue  # the op stands where the cast stood: every other reader of the sum must come after it
+        for addend, residual in (add.input, reversed(add.input)):
+            found = _bf16_addend(index, producers, addend)
+            if found is None:
+                continue
+            cast, moves = found
+            source, made = cast.input[0], []
+            for move in moves:  # the same moves, on the bfloat16 product
+                made.append(helper.make_node(move.op_type, [source, *move.input[1:]], [f"{move.output[0]}{BF16_SUFFIX}"],
+                                             name=f"{move.name}/bf16", **{a.name: helper.get_attribute_value(a) for a in move.attribute}))  # fmt: skip
+                source = made[-1].output[0]
+            op = helper.make_node(NORM_OP, [residual, source, norm.input[1]], [rounded.output[0], add.output[0]],
+                                  name=f"{rounded.output[0]}/{NORM_OP}", domain=OP_DOMAIN, epsilon=attribute(norm, "epsilon", 1e-5))  # fmt: skip
+            yield [cast, *moves, add, norm, rounded], [*made, op]
+            break
+
+
+def norm_widths(model: onnx.ModelProto) -> list[int]:
+    """The row widths of ``model``'s ``ResidualRmsNorm`` nodes (their weights' lengths): what the op library compiles for."""
+    weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    return sorted({weights[node.input[2]].dims[0] for node in model.graph.node if node.op_type == NORM_OP and node.domain == OP_DOMAIN})
+
+
+def fuse_residual_norms(model: onnx.ModelProto) -> int:
+    """Rewrite ``model`` in place with each residual add and the RMSNorm after it as one ``ResidualRmsNorm``; returns how many."""
+    return contrib_rewrite(model, _residual_norms, OP_DOMAIN)
