@@ -89,7 +89,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--fused-residual-norms",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in, not yet run on a GPU: each residual add and the "
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in, no engine with it validated yet: each residual add and the "
         "RMSNorm read by the next GEMMs as one ResidualRmsNorm of the engine's op library, reading the bfloat16 product and "
         "writing the float32 sum and the bfloat16 normalized rows",
     )

@@ -10,9 +10,11 @@ op (``s1omni.export.residual_norm_kernel``, ``gdn_op.cc``) reads the bfloat16 pr
 the sum and the bfloat16 normalized rows, float32 between. The reshapes and gather move ahead of the cast, onto the
 bfloat16 product: they only move values, so the op reads what the ``Add`` did.
 
-A norm is rewritten where its only reader is that cast to bfloat16 (the MLPs' norms and the attention layers'
-input norms; a Gated DeltaNet layer's input norm is read in float32 through its padding mask, and the last norm
-is the backbone's output), its weight a float32 initializer, and the add's sum read by nothing made before the cast.
+A norm is rewritten where the next GEMMs' cast to bfloat16 is its only reader, straight or through moves and a
+Gated DeltaNet layer's padding mask (a ``Mul`` by a float32 cast of a boolean: 0 or 1, which commutes with the
+rounding, so the op rounds first and the mask and moves run on bfloat16), where its weight is
+a float32 initializer, and where nothing made before the cast reads the add's sum. The last norm, the backbone's
+float32 output, is left alone.
 """
 
 from __future__ import annotations
@@ -49,20 +51,61 @@ def _bf16_addend(index: GraphIndex, producers: dict[str, onnx.NodeProto], name: 
     return node, moves
 
 
+def _moved(move: onnx.NodeProto, source: str, output: str) -> onnx.NodeProto:
+    """``move`` (or a padding mask's ``Mul``) again, on the bfloat16 ``source``."""
+    attributes = {a.name: helper.get_attribute_value(a) for a in move.attribute}
+    return helper.make_node(move.op_type, [source, *move.input[1:]], [output], name=f"{move.name}{BF16_SUFFIX}", **attributes)
+
+
+def _zero_or_one(producers: dict[str, onnx.NodeProto], boolean_inputs: set[str], name: str) -> bool:
+    """Whether float32 ``name`` is a cast of a boolean value (a cast to bool, or a boolean graph input), reshaped or
+    expanded on the way: 0 and 1, a factor that commutes with rounding (the padding masks)."""
+    cast = producers.get(name)
+    if cast is None or cast.op_type != "Cast" or cast.domain or attribute(cast, "to") != TensorProto.FLOAT:
+        return False
+    source = cast.input[0]
+    while source in producers and producers[source].op_type in (*MOVES_VALUES, "Expand") and not producers[source].domain:
+        source = producers[source].input[0]
+    made = producers.get(source)
+    return source in boolean_inputs or (made is not None and made.op_type == "Cast" and not made.domain and attribute(made, "to") == TensorProto.BOOL)
+
+
+def _bf16_reader(index: GraphIndex, producers: dict[str, onnx.NodeProto], boolean_inputs: set[str], norm: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """Where ``norm``'s result is read only through a padding mask's ``Mul`` and moves (each read once), then cast to
+    bfloat16 for the next GEMMs: those nodes, the cast last."""
+    path: list[onnx.NodeProto] = []
+    value = norm.output[0]
+    node = index.only_consumer(norm, "Mul", "Cast", *MOVES_VALUES)
+    if node is not None and node.op_type == "Mul":
+        mask = node.input[1] if node.input[0] == value else node.input[0]
+        if not _zero_or_one(producers, boolean_inputs, mask) or mask == value:
+            return None
+        path.append(node)
+        value, node = node.output[0], index.only_consumer(node, "Cast", *MOVES_VALUES)
+    while node is not None and node.op_type in MOVES_VALUES and node.input[0] == value:
+        path.append(node)
+        value, node = node.output[0], index.only_consumer(node, "Cast", *MOVES_VALUES)
+    if node is None or node.op_type != "Cast" or attribute(node, "to") != TensorProto.BFLOAT16:
+        return None
+    return [*path, node]
+
+
 def _residual_norms(index: GraphIndex, producers: dict[str, onnx.NodeProto], graph: onnx.GraphProto) -> Iterator[Replacement]:
     position = {id(node): i for i, node in enumerate(graph.node)}
+    boolean_inputs = {value.name for value in graph.input if value.type.tensor_type.elem_type == TensorProto.BOOL}
     for norm in graph.node:
         if norm.op_type != "SimplifiedLayerNormalization" or norm.domain or len([o for o in norm.output if o]) != 1:
             continue
         weight = index.constants.get(norm.input[1]) if len(norm.input) == 2 else None
         add = producers.get(norm.input[0])
-        rounded = index.only_consumer(norm, "Cast")
         if weight is None or weight.data_type != TensorProto.FLOAT or len(weight.dims) != 1 or add is None:
             continue
         if attribute(norm, "axis", -1) != -1 or attribute(norm, "stash_type", 1) != 1 or add.op_type != "Add" or add.domain:
             continue
-        if rounded is None or attribute(rounded, "to") != TensorProto.BFLOAT16 or len(add.input) != 2:
+        reader = _bf16_reader(index, producers, boolean_inputs, norm)
+        if reader is None or len(add.input) != 2:
             continue
+        rounded = reader[-1]
         readers = [node for node in index.consumers[add.output[0]] if node is not norm]
         if any(position[id(node)] < position[id(rounded)] for node in readers):
             continue  # the op stands where the cast stood: every other reader of the sum must come after it
@@ -73,12 +116,23 @@ def _residual_norms(index: GraphIndex, producers: dict[str, onnx.NodeProto], gra
             cast, moves = found
             source, made = cast.input[0], []
             for move in moves:  # the same moves, on the bfloat16 product
-                made.append(helper.make_node(move.op_type, [source, *move.input[1:]], [f"{move.output[0]}{BF16_SUFFIX}"],
-                                             name=f"{move.name}/bf16", **{a.name: helper.get_attribute_value(a) for a in move.attribute}))  # fmt: skip
+                made.append(_moved(move, source, f"{move.output[0]}{BF16_SUFFIX}"))
                 source = made[-1].output[0]
-            op = helper.make_node(NORM_OP, [residual, source, norm.input[1]], [rounded.output[0], add.output[0]],
+            after = reader[:-1]  # the mask and the moves, on the bfloat16 result: the last writes what the cast did
+            normalized = f"{norm.output[0]}{BF16_SUFFIX}" if after else rounded.output[0]
+            op = helper.make_node(NORM_OP, [residual, source, norm.input[1]], [normalized, add.output[0]],
                                   name=f"{rounded.output[0]}/{NORM_OP}", domain=OP_DOMAIN, epsilon=attribute(norm, "epsilon", 1e-5))  # fmt: skip
-            yield [cast, *moves, add, norm, rounded], [*made, op]
+            made.append(op)
+            for k, node in enumerate(after):
+                output = rounded.output[0] if k == len(after) - 1 else f"{node.output[0]}{BF16_SUFFIX}"
+                if node.op_type == "Mul":
+                    mask = node.input[1] if node.input[0] == norm.output[0] else node.input[0]
+                    mask_bf16 = f"{node.output[0]}/mask{BF16_SUFFIX}"  # one per norm: the graph may share the mask
+                    made.append(helper.make_node("Cast", [mask], [mask_bf16], name=f"{node.name}/mask", to=TensorProto.BFLOAT16))
+                    made.append(helper.make_node("Mul", [normalized, mask_bf16], [output], name=f"{node.name}{BF16_SUFFIX}"))
+                else:
+                    made.append(_moved(node, made[-1].output[0], output))
+            yield [cast, *moves, add, norm, *reader], made
             break
 
 

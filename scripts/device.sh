@@ -45,9 +45,14 @@ case ${1:?start, stage or poll} in
   poll)
     pattern=${2:?a pattern of the chain log} seconds=${3:-540}
     deadline=$((SECONDS + seconds))
-    until grep -qE "$pattern" "$RESULTS/chain.txt" 2>/dev/null || [ "$SECONDS" -ge "$deadline" ]; do sleep 5; done
+    # Each pack goes to $OUT as soon as it is made: a call cut short (its time limit, the session's device time)
+    # still brings back what was packed before.
+    until grep -qE "$pattern" "$RESULTS/chain.txt" 2>/dev/null || [ "$SECONDS" -ge "$deadline" ]; do
+      if [ -n "${OUT:-}" ]; then cp -u /tmp/res-*.tgz "$OUT/" 2>/dev/null || true; fi
+      sleep 5
+    done
     cat "$RESULTS/chain.txt" 2>/dev/null || true
-    if [ -n "${OUT:-}" ]; then cp /tmp/res-*.tgz "$OUT/" 2>/dev/null || true; fi
+    if [ -n "${OUT:-}" ]; then cp -u /tmp/res-*.tgz "$OUT/" 2>/dev/null || true; fi
     ;;
   *)
     echo "usage: scripts/device.sh start CHAIN [DIR] | stage K [DIR] | poll PATTERN [SECONDS]" >&2

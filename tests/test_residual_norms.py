@@ -28,10 +28,10 @@ from tests.cuda_builds import needs_cuda, residual_norms_emulated, silu_products
 from tests.test_bf16_convolutions import emulated_outputs
 from tests.test_silu_products import bf16_built
 
-# The tiny member: 3 Gated DeltaNet layers, then an attention layer. Every MLP's norm is read by the MLP's GEMMs; the
-# first layer's input norm has no add before it; the prefill and packed graphs read a Gated DeltaNet layer's input
-# norm in float32 through its padding mask, the continue graph as the GEMMs' bfloat16 input.
-FUSED = {"prefill": 5, "continue": 7, "packed": 5}
+# The tiny member: 3 Gated DeltaNet layers, then an attention layer; each norm after an add is read by GEMMs (the
+# prefill graph's Gated DeltaNet input norms through their padding masks, the packed graph's through moves), but the first layer's input
+# norm has no add before it and the last norm is the backbone's float32 output.
+FUSED = {"prefill": 7, "continue": 7, "packed": 7}
 HIDDEN = 64
 
 
@@ -61,38 +61,48 @@ def test_the_op_computes_what_the_graph_did(external_export: Path, tmp_path: Pat
 
 
 def test_each_op_reads_a_bfloat16_product_and_feeds_the_gemms(external_export: Path, tmp_path: Path) -> None:
-    """In every graph: each op's addend a GEMM's bfloat16 product (moved, not cast), its normalized rows read by
-    GEMMs alone, its sum by the next residual step; the adds, norms and casts it replaced gone, the rest kept."""
+    """In every graph: each op's addend a GEMM's bfloat16 product (moved, not cast), its normalized rows read by GEMMs
+    alone (through the padding mask and moves, in bfloat16), its sum by the next residual step; the adds, norms and
+    casts it replaced gone (a bfloat16 cast of each mask it reads made), the rest kept."""
     weights = Bf16Weights(external_export, tmp_path)
     for graph, count in FUSED.items():
         before = Counter(node.op_type for node in _built(external_export, graph, weights, False, False).graph.node)
         model = _built(external_export, graph, weights, False, True)
         nodes = list(model.graph.node)
         producers = {output: node for node in nodes for output in node.output}
+        readers = {name: [node for node in nodes if name in node.input] for name in producers}
         ops = [node for node in nodes if node.op_type == NORM_OP]
         assert len(ops) == count and all(node.domain == OP_DOMAIN for node in ops)
+        masked = 0
         for op in ops:
             source = producers[op.input[1]]
             while source.op_type in MOVES_VALUES:
                 source = producers[source.input[0]]
             assert source.op_type == "MatMul" and source.output[0].endswith("/bf16"), graph
-            assert {node.op_type for node in nodes if op.output[0] in node.input} == {"MatMul"}, graph
-            assert all(node.op_type in ("Add", NORM_OP, "SimplifiedLayerNormalization") for node in nodes if op.output[1] in node.input)
+            values, read = [op.output[0]], set()
+            while values:  # every reader of the normalized rows, through the mask and the moves
+                for node in readers[values.pop()]:
+                    read.add(node.op_type)
+                    if node.op_type in ("Mul", *MOVES_VALUES):
+                        values.append(node.output[0])
+                        masked += node.op_type == "Mul"
+            assert read - {"Mul", *MOVES_VALUES} == {"MatMul"}, graph
+            assert {node.op_type for node in readers[op.output[1]]} <= {"Add", NORM_OP, "SimplifiedLayerNormalization"}
         after = Counter(node.op_type for node in nodes)
         assert before["Add"] - after["Add"] == before["SimplifiedLayerNormalization"] - after["SimplifiedLayerNormalization"] == count
-        assert before["Cast"] - after["Cast"] == 2 * count, graph  # the addend's cast up, the result's down
+        assert masked == (2 if graph == "prefill" else 0), graph  # its second and third Gated DeltaNet layers
+        assert before["Cast"] - after["Cast"] == 2 * count - masked, graph  # the addend's cast up, the result's down; the masks'
         assert norm_widths(model) == [HIDDEN]
 
 
 def test_a_norm_read_in_float32_is_left_alone(external_export: Path, tmp_path: Path) -> None:
     """A norm whose float32 result something else reads too keeps its nodes; so does a graph without bf16 GEMMs."""
     weights = Bf16Weights(external_export, tmp_path)
-    fused = _built(external_export, "continue", weights, False, True)
-    rounded = next(node for node in fused.graph.node if node.op_type == NORM_OP).output[0]
-    model = _built(external_export, "continue", weights, False, False)
-    norm = next(node for node in model.graph.node if rounded in node.output).input[0]  # the cast's float32 input
-    model.graph.output.append(helper.make_tensor_value_info(norm, TensorProto.FLOAT, None))
-    assert fuse_residual_norms(model) == FUSED["continue"] - 1
+    model = _built(external_export, "prefill", weights, False, False)
+    producers = {output: node for node in model.graph.node for output in node.output}
+    norm = next(node for node in model.graph.node if node.op_type == "SimplifiedLayerNormalization" and producers.get(node.input[0], node).op_type == "Add")
+    model.graph.output.append(helper.make_tensor_value_info(norm.output[0], TensorProto.FLOAT, None))
+    assert fuse_residual_norms(model) == FUSED["prefill"] - 1
     plain = onnx.load(str(external_export / "continue.fused.onnx"), load_external_data=False)
     fuse_norms(plain)
     before = plain.SerializeToString()

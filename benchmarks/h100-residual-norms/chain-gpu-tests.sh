@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Detached device chain, 2026-12-05 (issue 16): the residual-norm op on a GPU for the first time, and the SiLU op's
-# GPU test judged against the exact product. Run with scripts/device.sh: start CHAIN (carry .device/p1), stage 2..5,
+# GPU test judged against the exact product. It ran on an H100 80GB (sm_90) as far as g (chain.txt: 13 GPU tests
+# passed, gpu-tests/); the machine went back between two polls while e was building, taking e and f with it;
+# chain.sh then ran e alone. Run with scripts/device.sh: start CHAIN (carry .device/p1), stage 2..5,
 # stage 6 with .device/ort-include copied to /tmp/ort-include, poll "chain done".
 #  g  the GPU tests of both ops (tests/test_silu_products.py, tests/test_residual_norms.py), beside e's synth/export
 #  e  the 0.8B: ChunkedGatedDeltaRule bf16/graphs/gdn16/mixers/conv16/silu/attn16 with and without
