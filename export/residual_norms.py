@@ -52,7 +52,7 @@ def _bf16_addend(index: GraphIndex, producers: dict[str, onnx.NodeProto], name: 
 
 
 def _moved(move: onnx.NodeProto, source: str, output: str) -> onnx.NodeProto:
-    """``move`` (or a padding mask's ``Mul``) again, on the bfloat16 ``source``."""
+    """``move`` again, on the bfloat16 ``source``."""
     attributes = {a.name: helper.get_attribute_value(a) for a in move.attribute}
     return helper.make_node(move.op_type, [source, *move.input[1:]], [output], name=f"{move.name}{BF16_SUFFIX}", **attributes)
 

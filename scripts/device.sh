@@ -10,7 +10,9 @@
 #   scripts/device.sh stage K [DIR]       the next calls (carry DIR/pK): stage part K; the call that brings
 #                                         the last part installs the wheels into /tmp/site
 #   scripts/device.sh poll PATTERN [S]    wait until a line of the chain's log matches PATTERN (grep -E) or S
-#                                         seconds pass (default 540), then copy the packed results to $OUT
+#                                         seconds pass (default 540), copying each packed result to $OUT as it
+#                                         lands; poll for the chain's end in as few calls as fit (a gap between
+#                                         two calls, the caller's own time included, may lose the machine)
 #
 # DIR holds the parts of scripts/device-pack.sh (default .device). A chain sources scripts/device-chain.sh
 # for its log, its packing and the wait for the wheels (benchmarks/*/chain.sh are chains that ran).
