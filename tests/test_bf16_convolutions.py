@@ -92,6 +92,20 @@ def prefill_then_continue(prefill: onnxruntime.InferenceSession, continued: onnx
     return {"prefill": states, "continue": continued.run(None, block | past)}
 
 
+def inlined(model: onnx.ModelProto, export: Path, directory: Path) -> bytes:
+    """A copy of a rewritten ``model`` serialized with its weights in it: the float32 ones read from the export, the
+    bfloat16 ones from ``directory`` (where ``Bf16Weights`` wrote them), for a GPU session."""
+    device = onnx.ModelProto()
+    device.CopyFrom(model)
+    for tensor in device.graph.initializer:
+        if tensor.data_location == TensorProto.EXTERNAL:
+            location = next(entry.value for entry in tensor.external_data if entry.key == "location")
+            load_external_data_for_tensor(tensor, str(directory if location == BF16_FILE else export))
+            tensor.data_location = TensorProto.DEFAULT
+            del tensor.external_data[:]
+    return device.SerializeToString()
+
+
 def emulated_outputs(export: Path, directory: Path, build: Callable[[str, Bf16Weights], onnx.ModelProto]) -> list[np.ndarray]:
     """Every output of ``prefill_then_continue`` through the prefill and continue graphs ``build`` makes (given the
     graph's name and the bf16 weights it writes to the new ``directory``), bfloat16 emulated on the CPU EP."""
@@ -179,17 +193,9 @@ def test_the_cuda_ep_runs_the_rewrite_as_emulated(external_export: Path, tmp_pat
     the CPU sum in other orders, and a product that lands near a rounding boundary rounds the other way)."""
     weights = Bf16Weights(external_export, tmp_path)
     model = _rewritten(external_export, "prefill", weights, merged, True)
-    device = onnx.ModelProto()
-    device.CopyFrom(model)
-    for tensor in device.graph.initializer:  # read in: the float32 weights from the export, the bfloat16 ones from here
-        if tensor.data_location == TensorProto.EXTERNAL:
-            location = next(entry.value for entry in tensor.external_data if entry.key == "location")
-            load_external_data_for_tensor(tensor, str(tmp_path if location == BF16_FILE else external_export))
-            tensor.data_location = TensorProto.DEFAULT
-            del tensor.external_data[:]
     # The CPU EP has no bfloat16 MatMul or CausalConvWithState: a session exists only with them on the GPU (ONNX
     # Runtime puts the small shape computations on the CPU whatever the providers, so those may not be refused).
-    cuda = onnxruntime.InferenceSession(device.SerializeToString(), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    cuda = onnxruntime.InferenceSession(inlined(model, external_export, tmp_path), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     emulated = _session(model, tmp_path, external_export)
     feeds = _prefill_feeds(2, 70)
     for found, expected in zip(cuda.run(None, feeds), emulated.run(None, feeds), strict=True):

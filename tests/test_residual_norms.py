@@ -25,7 +25,7 @@ from s1omni.runtime.engine import read_manifest
 from s1omni.runtime.runners.onnxruntime_runner import session_options
 from tests.cli import run_s1omni
 from tests.cuda_builds import needs_cuda, residual_norms_emulated, silu_products_emulated
-from tests.test_bf16_convolutions import emulated_outputs
+from tests.test_bf16_convolutions import emulated_outputs, inlined, prefill_then_continue
 from tests.test_silu_products import bf16_built
 
 # The tiny member: 3 Gated DeltaNet layers, then an attention layer; each norm after an add is read by GEMMs (the
@@ -159,3 +159,25 @@ def test_the_op_rounds_the_exact_norm_on_the_gpu(gpu_library: Path, shape: tuple
     nearest = _bfloat16(exact.astype(np.float32))
     step = np.spacing(np.abs(nearest)) * 2.0**16
     assert np.all(np.abs(normalized - exact) <= step) and np.mean(normalized != nearest) <= 0.01
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])
+def test_the_cuda_ep_runs_the_rewrite_as_emulated(gpu_library: Path, external_export: Path, tmp_path: Path, merged: bool) -> None:
+    """Prefill, then continue from its state, through the rewritten graphs on the CUDA EP (bfloat16 GEMMs, the op
+    library's SiLU products and residual norms, the padding masks' bfloat16 ``Mul``) against their emulation here:
+    every output within a few bfloat16 steps (cuBLAS, the ops and the CPU sum in other orders, and a value near a
+    rounding boundary rounds the other way)."""
+    weights = Bf16Weights(external_export, tmp_path)
+    models = {graph: _built(external_export, graph, weights, merged, True) for graph in ("prefill", "continue")}
+    cuda = [("CUDAExecutionProvider", {"use_tf32": 0}), "CPUExecutionProvider"]
+    sessions = [onnxruntime.InferenceSession(inlined(models[graph], external_export, tmp_path), session_options("cuda", gpu_library), providers=cuda)
+                for graph in ("prefill", "continue")]  # fmt: skip
+    ran = prefill_then_continue(*sessions)
+    found = [*ran["prefill"], *ran["continue"]]
+    expected = emulated_outputs(external_export, tmp_path / "emulated",
+                                lambda graph, w: residual_norms_emulated(silu_products_emulated(_built(external_export, graph, w, merged, True))))  # fmt: skip
+    for got, want in zip(found, expected, strict=True):
+        scale = float(np.abs(want).max())
+        assert float(np.abs(got - want).max()) <= 0.05 * scale and float(np.abs(got - want).mean()) <= 2e-3 * scale
