@@ -38,7 +38,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-from .bf16_gemms import Bf16Weights
+from .bf16_gemms import Bf16Weights, widened_product
 from .cuda_fusions import GraphIndex, Replacement, attribute, other_input, replace_nodes
 from .naming import CONTRIB_DOMAIN
 
@@ -51,11 +51,9 @@ def _transposes(node: onnx.NodeProto | None) -> bool:
 
 def _cast_of_bf16(producers: dict[str, onnx.NodeProto], name: str) -> onnx.NodeProto | None:
     """The ``Cast`` to float32 that made ``name`` from a bfloat16 GEMM product (``bf16_gemms``' ``.../bf16``)."""
-    cast = producers.get(name)
-    if cast is None or cast.op_type != "Cast" or attribute(cast, "to") != TensorProto.FLOAT:
-        return None
-    made = producers.get(cast.input[0])
-    return cast if made is not None and made.op_type == "MatMul" and cast.input[0].endswith("/bf16") else None
+    cast = widened_product(producers, name)
+    made = producers.get(cast.input[0]) if cast is not None else None
+    return cast if made is not None and made.op_type == "MatMul" else None
 
 
 def short_convolutions_in_bf16(model: onnx.ModelProto, weights: Bf16Weights) -> int:

@@ -25,7 +25,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .cuda_fusions import attribute
 from .naming import ALIGNMENT
+
+BF16_SUFFIX = "/bf16"  # what use_bf16_gemms appends to a GEMM's bfloat16 product (and its bfloat16 inputs)
 
 BF16_FILE = "weights.bf16.data"
 
@@ -168,9 +171,18 @@ def use_bf16_gemms(model: onnx.ModelProto, weights: Bf16Weights) -> int:
         if activation not in cast_in:
             nodes.append(helper.make_node("Cast", [activation], [f"{activation}/bf16"], to=TensorProto.BFLOAT16, name=f"{activation}/to_bf16"))
             cast_in.add(activation)
-        node.input[0], node.output[0] = f"{activation}/bf16", f"{product}/bf16"
-        nodes += [node, helper.make_node("Cast", [f"{product}/bf16"], [product], to=TensorProto.FLOAT, name=f"{product}/to_fp32")]
+        node.input[0], node.output[0] = f"{activation}/bf16", f"{product}{BF16_SUFFIX}"
+        nodes += [node, helper.make_node("Cast", [f"{product}{BF16_SUFFIX}"], [product], to=TensorProto.FLOAT, name=f"{product}/to_fp32")]
         rewritten += 1
     del graph.node[:]
     graph.node.extend(nodes)
     return rewritten
+
+
+def widened_product(producers: dict[str, onnx.NodeProto], name: str) -> onnx.NodeProto | None:
+    """The ``Cast`` to float32 that made ``name`` from a bfloat16 product (``.../bf16``, as ``use_bf16_gemms`` names a
+    GEMM's), if that is what made it."""
+    cast = producers.get(name)
+    if cast is None or cast.op_type != "Cast" or cast.domain or attribute(cast, "to") != TensorProto.FLOAT:
+        return None
+    return cast if cast.input[0].endswith(BF16_SUFFIX) else None

@@ -310,7 +310,8 @@ def build(
                     if kernel == OP_TYPE:
                         shapes += state_shapes(graph)
                     done = ", ".join(f"{rewrite(graph)} {what}" for what, rewrite in rewrites.items())
-                    widths += norm_widths(graph)
+                    if fused_residual_norms:
+                        widths += norm_widths(graph)
                     onnx.save(graph, str(stage / name))
                     progress.note(f"onnxruntime/{target}: {name}: {done}")
                     continue

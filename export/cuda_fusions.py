@@ -69,6 +69,10 @@ class GraphIndex:
             return users[0]
         return None
 
+    def internal(self, name: str, readers: int = 1) -> bool:
+        """Whether ``name`` is read by exactly ``readers`` nodes and is no graph output: a rewrite may drop it."""
+        return name not in self.outputs and len(self.consumers[name]) == readers
+
     def dims(self, name: str) -> list[int | str] | None:
         """``name``'s shape, each dimension a size or a symbol; ``None`` unless every dimension is known."""
         dims = [dim.dim_value or dim.dim_param for dim in self.shapes.get(name, ())]

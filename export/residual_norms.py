@@ -24,16 +24,12 @@ from collections.abc import Iterator
 import onnx
 from onnx import TensorProto, helper
 
-from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite
+from .bf16_gemms import BF16_SUFFIX, widened_product
+from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite, other_input
 from .naming import OP_DOMAIN
 
 NORM_OP = "ResidualRmsNorm"
-BF16_SUFFIX = "/bf16"  # the bf16 GEMMs' products (s1omni.export.bf16_gemms names them so)
 MOVES_VALUES = ("Reshape", "Gather", "Squeeze", "Unsqueeze", "Flatten")  # exact on any type: they commute with a cast
-
-
-def _internal(index: GraphIndex, name: str) -> bool:
-    return name not in index.outputs and len(index.consumers[name]) == 1
 
 
 def _bf16_addend(index: GraphIndex, producers: dict[str, onnx.NodeProto], name: str) -> tuple[onnx.NodeProto, list[onnx.NodeProto]] | None:
@@ -41,14 +37,11 @@ def _bf16_addend(index: GraphIndex, producers: dict[str, onnx.NodeProto], name: 
     the cast and the moves after it, in order."""
     moves: list[onnx.NodeProto] = []
     node = producers.get(name)
-    while node is not None and node.op_type in MOVES_VALUES and not node.domain and _internal(index, node.output[0]):
+    while node is not None and node.op_type in MOVES_VALUES and not node.domain and index.internal(node.output[0]):
         moves.insert(0, node)
         node = producers.get(node.input[0])
-    if node is None or node.op_type != "Cast" or node.domain or attribute(node, "to") != TensorProto.FLOAT:
-        return None
-    if not node.input[0].endswith(BF16_SUFFIX) or not _internal(index, node.output[0]):
-        return None
-    return node, moves
+    cast = widened_product(producers, node.output[0]) if node is not None else None
+    return (cast, moves) if cast is not None and index.internal(cast.output[0]) else None
 
 
 def _moved(move: onnx.NodeProto, source: str, output: str) -> onnx.NodeProto:
@@ -77,8 +70,8 @@ def _bf16_reader(index: GraphIndex, producers: dict[str, onnx.NodeProto], boolea
     value = norm.output[0]
     node = index.only_consumer(norm, "Mul", "Cast", *MOVES_VALUES)
     if node is not None and node.op_type == "Mul":
-        mask = node.input[1] if node.input[0] == value else node.input[0]
-        if not _zero_or_one(producers, boolean_inputs, mask) or mask == value:
+        mask = other_input(node, value)
+        if mask is None or not _zero_or_one(producers, boolean_inputs, mask):
             return None
         path.append(node)
         value, node = node.output[0], index.only_consumer(node, "Cast", *MOVES_VALUES)
@@ -126,7 +119,7 @@ def _residual_norms(index: GraphIndex, producers: dict[str, onnx.NodeProto], gra
             for k, node in enumerate(after):
                 output = rounded.output[0] if k == len(after) - 1 else f"{node.output[0]}{BF16_SUFFIX}"
                 if node.op_type == "Mul":
-                    mask = node.input[1] if node.input[0] == norm.output[0] else node.input[0]
+                    mask = other_input(node, norm.output[0])
                     mask_bf16 = f"{node.output[0]}/mask{BF16_SUFFIX}"  # one per norm: the graph may share the mask
                     made.append(helper.make_node("Cast", [mask], [mask_bf16], name=f"{node.name}/mask", to=TensorProto.BFLOAT16))
                     made.append(helper.make_node("Mul", [normalized, mask_bf16], [output], name=f"{node.name}{BF16_SUFFIX}"))

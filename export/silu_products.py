@@ -21,25 +21,11 @@ from collections.abc import Iterator
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .bf16_gemms import widened_product
 from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite
 from .naming import OP_DOMAIN
 
 SILU_OP = "SiluProduct"
-BF16_SUFFIX = "/bf16"  # the bf16 GEMMs' products (s1omni.export.bf16_gemms names them so)
-
-
-def _internal(index: GraphIndex, name: str, readers: int) -> bool:
-    return name not in index.outputs and len(index.consumers[name]) == readers
-
-
-def _widened(producers: dict[str, onnx.NodeProto], name: str) -> onnx.NodeProto | None:
-    """The ``Cast`` to float32 of a bf16 GEMM's product that made ``name``, if that is what made it."""
-    cast = producers.get(name)
-    if cast is None or cast.op_type != "Cast" or cast.domain or attribute(cast, "to") != TensorProto.FLOAT:
-        return None
-    return cast if cast.input[0].endswith(BF16_SUFFIX) else None
-
-
 def _silu_gate(index: GraphIndex, producers: dict[str, onnx.NodeProto], silu: onnx.NodeProto) -> tuple[str, onnx.NodeProto] | None:
     """``x`` and its ``Sigmoid`` where ``silu`` is ``Mul(x, Sigmoid(x))``."""
     if silu.op_type != "Mul" or silu.domain:
@@ -54,15 +40,15 @@ def _silu_gate(index: GraphIndex, producers: dict[str, onnx.NodeProto], silu: on
 def _sources(index: GraphIndex, producers: dict[str, onnx.NodeProto], gate: str, up: str) -> tuple[list[str], list[onnx.NodeProto]] | None:
     """The op's inputs for float32 ``gate`` and ``up``, and the nodes that made them, which the op replaces:
     two widened products, or the two halves of one merged product's ``Split``."""
-    gate_cast, up_cast = _widened(producers, gate), _widened(producers, up)
+    gate_cast, up_cast = widened_product(producers, gate), widened_product(producers, up)
     if gate_cast is not None and up_cast is not None and gate_cast is not up_cast:
         return [gate_cast.input[0], up_cast.input[0]], [gate_cast, up_cast]
     split = producers.get(gate)
     if split is None or split.op_type != "Split" or split.domain or list(split.output) != [gate, up] or len(split.input) != 2:
         return None
     widths = index.constants.get(split.input[1])
-    merged = _widened(producers, split.input[0])
-    if widths is None or merged is None or not _internal(index, merged.output[0], 1):
+    merged = widened_product(producers, split.input[0])
+    if widths is None or merged is None or not index.internal(merged.output[0], 1):
         return None
     half = numpy_helper.to_array(widths).tolist()
     rank = index.dims(split.input[0])
@@ -82,10 +68,10 @@ def _silu_products(index: GraphIndex, producers: dict[str, onnx.NodeProto], grap
         for silu_name, up in (product.input, reversed(product.input)):
             silu = producers.get(silu_name)
             found = silu and _silu_gate(index, producers, silu)
-            if not found or not (_internal(index, silu_name, 1) and _internal(index, up, 1)):
+            if not found or not (index.internal(silu_name, 1) and index.internal(up, 1)):
                 continue
             gate, sigmoid = found
-            sources = _internal(index, gate, 2) and _internal(index, sigmoid.output[0], 1) and _sources(index, producers, gate, up)
+            sources = index.internal(gate, 2) and index.internal(sigmoid.output[0], 1) and _sources(index, producers, gate, up)
             if not sources:
                 continue
             inputs, made = sources
