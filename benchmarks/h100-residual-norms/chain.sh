@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Detached device chain, written 2026-12-05 and not yet run (issue 16): the residual-norm op in engines, with a gate
+# Detached device chain, written and run 2026-12-05 on an H100 80GB (chain.txt; issue 16): the residual-norm op in engines, with a gate
 # run before any timing. (chain-gpu-tests.sh ran both ops' GPU tests on an H100; its machine went back before its
 # builds, and the session's device time went to two refused starts.) Run with scripts/device.sh: start CHAIN
 # (carry .device/p1), stage 2..5, stage 6 with .device/ort-include copied to /tmp/ort-include, then poll "chain
