@@ -94,6 +94,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "writing the float32 sum and the bfloat16 normalized rows",
     )
     parser.add_argument(
+        "--fused-short-convolutions",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule and --bf16-convolutions, opt-in, not yet run on a GPU: each "
+        "Gated DeltaNet short convolution (CausalConvWithState channels_last, with its SiLU) as one ShortConvolution of the "
+        "engine's op library, the same inputs and outputs",
+    )
+    parser.add_argument(
         "--fused-attention",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -138,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
         bf16_convolutions=args.bf16_convolutions,
         fused_attention=args.fused_attention, attention_inputs=args.attention_inputs, vision_cuda_graphs=args.vision_cuda_graphs,
         cuda_arch=args.cuda_arch, fused_silu=args.fused_silu, fused_residual_norms=args.fused_residual_norms,
+        fused_short_convolutions=args.fused_short_convolutions,
     )  # fmt: skip
     manifest = read_manifest(out)
     result = {"engine": str(out), **build_facts(manifest), "member": manifest["member"]}

@@ -54,6 +54,7 @@ from s1omni.runtime.staging import staged_directory
 from .attention_fusions import fuse_attention
 from .bf16_convolutions import short_convolutions_in_bf16
 from .residual_norms import NORM_OP, fuse_residual_norms, norm_widths
+from .short_convolutions import CONVOLUTION_OP, kernel_sizes, use_convolution_op
 from .silu_products import SILU_OP, fuse_silu_products
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
 from .cpu_exp import exp_in_float64
@@ -131,15 +132,16 @@ def ort_files(export_dir: Path, target: str) -> tuple[str, dict[str, str]]:
 def _graph_rewrites(
     target: str, kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool,
     weights: Bf16Weights, fp8_weights: Bf16Weights, mixers: bool, attention: str | None, bf16_convolutions: bool = False,
-    fused_silu: bool = False, fused_residual_norms: bool = False,
+    fused_silu: bool = False, fused_residual_norms: bool = False, fused_short_convolutions: bool = False,
 ) -> dict[str, Callable[[onnx.ModelProto], int]]:
     """What a build rewrites in each backbone graph, in order: on the CPU its exponentials in float64
     (``s1omni.export.cpu_exp``), else the Gated DeltaNet kernel (its q/k/v in
     ``inputs``), the fused mixers and attention (its q/k/v in ``attention``; they match the spelling the export wrote), the norms and sigmoids, the
     merged projections, then the GEMMs' precision (merged weights are rounded as they are concatenated, so
     only bf16 builds merge; fp8 builds run the GEMMs float8 cannot take in bfloat16), then the short convolutions
-    on the GEMMs' bfloat16 products (``s1omni.export.bf16_convolutions``), the MLPs' SiLU products
-    (``s1omni.export.silu_products``) and the residual adds with their norms (``s1omni.export.residual_norms``)."""
+    on the GEMMs' bfloat16 products (``s1omni.export.bf16_convolutions``; then as the op library's, with
+    ``s1omni.export.short_convolutions``), the MLPs' SiLU products (``s1omni.export.silu_products``) and the residual
+    adds with their norms (``s1omni.export.residual_norms``)."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
     if target == "cpu":
         rewrites["float64 Exp nodes"] = exp_in_float64
@@ -163,6 +165,8 @@ def _graph_rewrites(
         rewrites["bfloat16 GEMMs"] = lambda graph: use_bf16_gemms(graph, weights)
     if bf16_convolutions:
         rewrites["bfloat16 short convolutions"] = lambda graph: short_convolutions_in_bf16(graph, weights)
+    if fused_short_convolutions:
+        rewrites[f"{CONVOLUTION_OP} nodes"] = use_convolution_op
     if fused_silu:
         rewrites[f"{SILU_OP} nodes"] = fuse_silu_products
     if fused_residual_norms:
@@ -228,6 +232,7 @@ def build(
     cuda_arch: int | None = None,
     fused_silu: bool = False,
     fused_residual_norms: bool = False,
+    fused_short_convolutions: bool = False,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
@@ -240,8 +245,10 @@ def build(
     the type of its q/k/v (``INPUT_TYPES``; None: fp32), ``vision_cuda_graphs`` (a vision member's tower replayed as a
     CUDA graph per patch count, ``s1omni.runtime.omnijev.engine.VisionSession``; opt-in), ``cuda_arch``, the
     compute capability ``ChunkedGatedDeltaRule``'s kernels are compiled for (None: the visible GPU's), and
-    ``fused_silu``, the MLPs' SiLU products as that library's ``SiluProduct`` (``s1omni.export.silu_products``), and
-    ``fused_residual_norms``, the residual adds and their RMSNorms as its ``ResidualRmsNorm`` (``s1omni.export.residual_norms``)."""
+    ``fused_silu``, the MLPs' SiLU products as that library's ``SiluProduct`` (``s1omni.export.silu_products``),
+    ``fused_residual_norms``, the residual adds and their RMSNorms as its ``ResidualRmsNorm`` (``s1omni.export.residual_norms``),
+    and ``fused_short_convolutions``, the bfloat16 short convolutions as its ``ShortConvolution``
+    (``s1omni.export.short_convolutions``; with ``bf16_convolutions``)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -256,6 +263,9 @@ def build(
     if bf16_convolutions and not (fused_mixers and (precision or "bf16") == "bf16" and (backend, target) == ("onnxruntime", "cuda")):
         raise UsageError("--bf16-convolutions rewrites the fused mixers' convolutions of a bf16 build: add --fused-mixers "
                          "(onnxruntime/cuda, --precision bf16)")  # fmt: skip
+    if fused_short_convolutions and not bf16_convolutions:
+        raise UsageError("--fused-short-convolutions runs the convolutions --bf16-convolutions writes as an op: add --bf16-convolutions "
+                         "(and --fused-mixers, --precision bf16)")  # fmt: skip
     if vision_cuda_graphs and (backend, target) != ("onnxruntime", "cuda"):
         raise UsageError("--vision-cuda-graphs is for onnxruntime/cuda")
     if precision == "fp8" and (backend, target) != ("onnxruntime", "cuda"):
@@ -281,7 +291,8 @@ def build(
                 raise UsageError(f"--gated-delta-kernel ({', '.join(KERNELS)}) is for onnxruntime/cuda from fused graphs")
             op_fusion = op_fusion and target == "cuda"
             inputs = _gated_delta_inputs(gated_delta_inputs, kernel, precision)
-            for option, asked in (("--fused-silu", fused_silu), ("--fused-residual-norms", fused_residual_norms)):
+            for option, asked in (("--fused-silu", fused_silu), ("--fused-residual-norms", fused_residual_norms),
+                                  ("--fused-short-convolutions", fused_short_convolutions)):
                 if asked and kernel != OP_TYPE:
                     raise UsageError(f"{option} runs the op library of --gated-delta-kernel {OP_TYPE}: add it (--precision bf16)")
             if cuda_arch is not None and kernel != OP_TYPE:
@@ -296,11 +307,12 @@ def build(
                     raise UsageError(f"--gated-delta-kernel {OP_TYPE}: no GPU here to compile for; name one with --cuda-arch (90: sm_90)")
             shapes: list[tuple[int, int, int]] = []
             widths: list[int] = []
+            sizes: list[int] = []
             merged_projections = merged_projections and precision == "bf16"
             attention = _attention_inputs(attention_inputs, fused_attention, precision)
             rewrites = _graph_rewrites(target, kernel, inputs, precision, recurrence, op_fusion, merged_projections,
                                        Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers, attention,
-                                       bf16_convolutions, fused_silu, fused_residual_norms)  # fmt: skip
+                                       bf16_convolutions, fused_silu, fused_residual_norms, fused_short_convolutions)  # fmt: skip
             for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:
                     progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...")
@@ -312,6 +324,8 @@ def build(
                     done = ", ".join(f"{rewrite(graph)} {what}" for what, rewrite in rewrites.items())
                     if fused_residual_norms:
                         widths += norm_widths(graph)
+                    if fused_short_convolutions:
+                        sizes += kernel_sizes(graph)
                     onnx.save(graph, str(stage / name))
                     progress.note(f"onnxruntime/{target}: {name}: {done}")
                     continue
@@ -328,7 +342,7 @@ def build(
             library = None
             if kernel == OP_TYPE:
                 progress.note(f"onnxruntime/{target}: compiling {OP_TYPE} for sm_{cuda_arch}, head shapes {sorted(set(shapes))} ...")
-                library = build_library(stage, shapes, cuda_arch, widths)
+                library = build_library(stage, shapes, cuda_arch, widths, sizes)
                 progress.note(f"onnxruntime/{target}: {library['library']} (Triton {library['triton_version']}, fla {library['fla_version']})")
             record = {
                 "backend": "onnxruntime",
@@ -346,6 +360,7 @@ def build(
                 "bf16_convolutions": bf16_convolutions,
                 "fused_silu": fused_silu,
                 "fused_residual_norms": fused_residual_norms,
+                "fused_short_convolutions": fused_short_convolutions,
                 "fused_attention": fused_attention,
                 "attention_inputs": attention,
                 "cuda_graphs": cuda_graphs,

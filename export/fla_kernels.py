@@ -9,7 +9,8 @@ The five Triton kernels ``fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule_
 mode (the rows of a batch are sequences of one packed row, so one binary serves every batch size),
 the member's head count and head sizes, and one of the launch configurations fla's autotuner tries on
 Hopper (``num_warps``, ``num_stages``, block sizes), fixed, since a CPU build machine cannot time them.
-Every pointer is declared 16-byte aligned (the op checks it at run time), as Triton's JIT would find.
+Every pointer is declared 16-byte aligned (the op checks it at run time), as Triton's JIT would find, and so is
+each integer a spec names a multiple of something (``KernelSpec.multiples``; the op checks it too).
 
 ``compile_kernel`` runs Triton's compiler for a ``cuda:ARCH`` target without a GPU (its bundled
 ``ptxas``) and reads the entry point's parameter list from the PTX, so the launcher passes exactly the
@@ -44,6 +45,7 @@ class KernelSpec:
     constants: dict[str, Any] = field(default_factory=dict)
     num_warps: int = 4
     num_stages: int = 2
+    multiples: dict[str, int] = field(default_factory=dict)  # integer parameters the launcher passes as multiples of these
 
 
 @dataclass(frozen=True)
@@ -131,8 +133,9 @@ def compile_kernel(spec: KernelSpec, arch: int) -> CompiledKernel:
     kernel = _jit_function(spec)
     types = dict(spec.params)
     signature = {name: ("constexpr" if name in spec.constants else types[name]) for name in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if types.get(name, "").startswith("*")}
-    source = ASTSource(fn=kernel, constexprs=dict(spec.constants), signature=signature, attrs=aligned)
+    divisible = {**{name: 16 for name, kind in spec.params if kind.startswith("*")}, **spec.multiples}
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", divisor]] for name, divisor in divisible.items()}
+    source = ASTSource(fn=kernel, constexprs=dict(spec.constants), signature=signature, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)
     backend = triton.compiler.make_backend(target)
     # Fused multiply-adds as Triton has always made them (its default changes in 3.10).

@@ -109,11 +109,12 @@ def cuda_engine(exported: Path, tmp_path_factory: pytest.TempPathFactory) -> Cal
 @pytest.fixture(scope="session")
 def gpu_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The engine's op library for this GPU (``s1omni.export.gdn_library``) with the tiny member's Gated DeltaNet
-    head shape (4 of 16 x 16) and the members' (128 x 128), the SiLU product, and residual norms for rows up to 64,
-    1,024 and 4,096 wide (the tiny member's, the 0.8B's and the 9B's hidden sizes); GPU tests only."""
+    head shape (4 of 16 x 16) and the members' (128 x 128), the SiLU product, residual norms for rows up to 64,
+    1,024 and 4,096 wide (the tiny member's, the 0.8B's and the 9B's hidden sizes) and the short convolution of the
+    members' 4 taps; GPU tests only."""
     from s1omni.export.gdn_library import build_library
     from s1omni.runtime.runners.tensorrt_runner import device_compute_capability
 
     out = tmp_path_factory.mktemp("gdn-gpu")
-    build_library(out, [(4, 16, 16), (4, 128, 128)], int(device_compute_capability().removeprefix("sm_")), [64, 1024, 4096])
+    build_library(out, [(4, 16, 16), (4, 128, 128)], int(device_compute_capability().removeprefix("sm_")), [64, 1024, 4096], [4])
     return out

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from s1omni.export.cuda_kernels import INPUT_TYPES
 from s1omni.export.naming import CONTRIB_DOMAIN, OP_TYPE
 from s1omni.export.residual_norms import NORM_OP
+from s1omni.export.short_convolutions import CONVOLUTION_OP
 from s1omni.export.silu_products import SILU_OP
 from s1omni.runtime.engine import read_manifest, write_manifest
 from tests.cli import run_s1omni, s1omni
@@ -153,6 +154,20 @@ def residual_norms_emulated(rewritten: onnx.ModelProto, add: bool = True) -> onn
         ]
     del graph.node[:]
     graph.node.extend(nodes)
+    return model
+
+
+def short_convolutions_emulated(rewritten: onnx.ModelProto, past: bool = True) -> onnx.ModelProto:
+    """A copy of ``rewritten`` with each ``ShortConvolution`` (CUDA only) as the ``CausalConvWithState`` it computes,
+    sequence-major with its SiLU, on the same inputs and outputs (the CPU EP runs it in float32; ``bfloat16_emulated``
+    rounds its output). ``past=False`` leaves out the past window, for a test that must tell."""
+    model = onnx.ModelProto.FromString(rewritten.SerializeToString())
+    for node in model.graph.node:
+        if node.op_type == CONVOLUTION_OP:
+            node.op_type, node.domain = "CausalConvWithState", CONTRIB_DOMAIN
+            node.attribute.extend([helper.make_attribute("activation", "silu"), helper.make_attribute("channels_last", 1)])
+            if not past:
+                del node.input[3:]
     return model
 
 

@@ -234,13 +234,15 @@ def test_subjects_are_named_by_backend_target_kernel_and_what_is_not_the_default
                  {**cuda, "precision": "fp32", "gated_delta_inputs": "fp32", "merged_projections": False},
                  {**cuda, "precision": "bf16", "cuda_graphs": True, "fused_mixers": True}, {**cuda, "precision": "fp32", "fused_mixers": False},
                  {**cuda, "precision": "bf16", "cuda_graphs": True, "fused_mixers": True, "fused_attention": True},
-                 {**cuda, "precision": "bf16", "cuda_graphs": True, "fused_mixers": True, "fused_attention": True, "attention_inputs": "fp16"}]  # fmt: skip
+                 {**cuda, "precision": "bf16", "cuda_graphs": True, "fused_mixers": True, "fused_attention": True, "attention_inputs": "fp16"},
+                 {**cuda, "precision": "bf16", "cuda_graphs": True, "fused_mixers": True, "bf16_convolutions": True, "fused_short_convolutions": True}]  # fmt: skip
     assert subject_names(manifests) == [
         REFERENCE, "onnxruntime/cuda/GatedDeltaNet", "onnxruntime/cuda/GatedDeltaNet/bf16", "onnxruntime/cuda/GatedDeltaNet#3",
         "onnxruntime/cuda/GatedDeltaNet/unfused", "onnxruntime/cuda/GatedDeltaNet/bf16/graphs", "onnxruntime/cpu/Scan",
         "onnxruntime/cuda/GatedDeltaNet/bf16/graphs/gdn16/merged", "onnxruntime/cuda/GatedDeltaNet#8",
         "onnxruntime/cuda/GatedDeltaNet/bf16/graphs/mixers", "onnxruntime/cuda/GatedDeltaNet#10",
         "onnxruntime/cuda/GatedDeltaNet/bf16/graphs/mixers/attn", "onnxruntime/cuda/GatedDeltaNet/bf16/graphs/mixers/attn16",
+        "onnxruntime/cuda/GatedDeltaNet/bf16/graphs/mixers16/convs",
     ]  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from tests.cuda_builds import bfloat16_emulated, needs_cuda
 LAYERS = 3  # the tiny member's Gated DeltaNet layers
 
 
-def _rewritten(export: Path, graph: str, weights: Bf16Weights, merged: bool, bf16_convolutions: bool) -> onnx.ModelProto:
+def bf16_convolutions_built(export: Path, graph: str, weights: Bf16Weights, merged: bool, bf16_convolutions: bool) -> onnx.ModelProto:
     """``graph``'s fused export as a bf16 build with fused convolutions writes it, with or without the rewrite."""
     model = onnx.load(str(export / f"{graph}.fused.onnx"), load_external_data=False)
     assert fuse_short_convolutions(model) == LAYERS
@@ -120,6 +120,18 @@ def emulated_outputs(export: Path, directory: Path, build: Callable[[str, Bf16We
     return [*ran["prefill"], *ran["continue"]]
 
 
+def emulated_variants(export: Path, directory: Path, built: Callable[[str, Bf16Weights, bool], onnx.ModelProto],
+                      spellings: dict[str, Callable[[onnx.ModelProto], onnx.ModelProto]]) -> dict[str, list[np.ndarray]]:
+    """``emulated_outputs`` of the graphs ``built`` makes (given the graph's name, its bf16 weights and whether to
+    rewrite) without the rewrite, as ``graph``, and with it, its op spelled back each of the ways ``spellings`` names,
+    each in a folder of ``directory`` named after it."""
+    def spelled(spelling: Callable[[onnx.ModelProto], onnx.ModelProto]) -> Callable[[str, Bf16Weights], onnx.ModelProto]:
+        return lambda graph, weights: spelling(built(graph, weights, True))
+
+    outputs = {name: emulated_outputs(export, directory / name, spelled(spelling)) for name, spelling in spellings.items()}
+    return {**outputs, "graph": emulated_outputs(export, directory / "graph", lambda graph, weights: built(graph, weights, False))}
+
+
 @pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])
 def test_the_rewrite_computes_the_convolutions_rounded_to_bfloat16(external_export: Path, tmp_path: Path, merged: bool) -> None:
     """Prefill, then continue from its state: every output the same bit for bit as the float32 ``[B, C, T]``
@@ -129,7 +141,7 @@ def test_the_rewrite_computes_the_convolutions_rounded_to_bfloat16(external_expo
         directory = tmp_path / variant
         directory.mkdir()
         weights = Bf16Weights(external_export, directory)
-        models = {graph: _rewritten(external_export, graph, weights, merged, variant == "rewritten") for graph in ("prefill", "continue")}
+        models = {graph: bf16_convolutions_built(external_export, graph, weights, merged, variant == "rewritten") for graph in ("prefill", "continue")}
         if variant == "rounded":
             models = {graph: _rounded_convolutions(model, external_export) for graph, model in models.items()}
         outputs[variant] = prefill_then_continue(*(_session(models[graph], directory, external_export) for graph in ("prefill", "continue")))
@@ -143,7 +155,7 @@ def test_the_rewrite_computes_the_convolutions_rounded_to_bfloat16(external_expo
 def test_convolutions_read_the_bfloat16_product_sequence_major(external_export: Path, tmp_path: Path, merged: bool) -> None:
     weights = Bf16Weights(external_export, tmp_path)
     for graph in ("prefill", "continue", "packed"):
-        model = _rewritten(external_export, graph, weights, merged, True)
+        model = bf16_convolutions_built(external_export, graph, weights, merged, True)
         nodes = list(model.graph.node)
         producers = {output: node for node in nodes for output in node.output}
         convolutions = [node for node in nodes if node.op_type == "CausalConvWithState"]
@@ -192,7 +204,7 @@ def test_the_cuda_ep_runs_the_rewrite_as_emulated(external_export: Path, tmp_pat
     emulation here: the hidden states and the state within a few bfloat16 steps (cuBLAS and
     the CPU sum in other orders, and a product that lands near a rounding boundary rounds the other way)."""
     weights = Bf16Weights(external_export, tmp_path)
-    model = _rewritten(external_export, "prefill", weights, merged, True)
+    model = bf16_convolutions_built(external_export, "prefill", weights, merged, True)
     # The CPU EP has no bfloat16 MatMul or CausalConvWithState: a session exists only with them on the GPU (ONNX
     # Runtime puts the small shape computations on the CPU whatever the providers, so those may not be refused).
     cuda = onnxruntime.InferenceSession(inlined(model, external_export, tmp_path), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])

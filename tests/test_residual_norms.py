@@ -25,7 +25,7 @@ from s1omni.runtime.engine import read_manifest
 from s1omni.runtime.runners.onnxruntime_runner import session_options
 from tests.cli import run_s1omni
 from tests.cuda_builds import needs_cuda, residual_norms_emulated, silu_products_emulated
-from tests.test_bf16_convolutions import emulated_outputs, inlined, prefill_then_continue
+from tests.test_bf16_convolutions import emulated_outputs, emulated_variants, inlined, prefill_then_continue
 from tests.test_silu_products import bf16_built
 
 # The tiny member: 3 Gated DeltaNet layers, then an attention layer; each norm after an add is read by GEMMs (the
@@ -48,14 +48,11 @@ def test_the_op_computes_what_the_graph_did(external_export: Path, tmp_path: Pat
     """Prefill, then continue from its state: every output of the rewritten graphs, the op spelled back, the same bit
     for bit as the graphs without the rewrite (the moves of the Gated DeltaNet's product before its cast, not after,
     change no value); an op that normalized the residual without its addend is told apart."""
-    def build(variant: str) -> Callable[[str, Bf16Weights], onnx.ModelProto]:
-        def graph_of(graph: str, weights: Bf16Weights) -> onnx.ModelProto:
-            model = silu_products_emulated(_built(external_export, graph, weights, merged, variant != "graph"))
-            return model if variant == "graph" else residual_norms_emulated(model, add=variant == "fused")
+    def built(graph: str, weights: Bf16Weights, fused: bool) -> onnx.ModelProto:
+        return silu_products_emulated(_built(external_export, graph, weights, merged, fused))
 
-        return graph_of
-
-    outputs = {variant: emulated_outputs(external_export, tmp_path / variant, build(variant)) for variant in ("fused", "no-add", "graph")}
+    outputs = emulated_variants(external_export, tmp_path, built,
+                                {"fused": residual_norms_emulated, "no-add": lambda model: residual_norms_emulated(model, add=False)})  # fmt: skip
     assert all(np.array_equal(a, b) for a, b in zip(outputs["fused"], outputs["graph"], strict=True))
     assert not np.array_equal(outputs["no-add"][0], outputs["graph"][0])
 

@@ -25,7 +25,7 @@ from s1omni.runtime.engine import read_manifest
 from s1omni.runtime.runners.onnxruntime_runner import session_options
 from tests.cli import run_s1omni
 from tests.cuda_builds import needs_cuda, silu_products_emulated
-from tests.test_bf16_convolutions import emulated_outputs
+from tests.test_bf16_convolutions import emulated_variants
 
 MLPS = 4  # the tiny member's layers, each with its MLP
 
@@ -48,14 +48,8 @@ def bf16_built(export: Path, graph: str, weights: Bf16Weights, merged: bool, fus
 def test_the_op_computes_what_the_graph_did(external_export: Path, tmp_path: Path, merged: bool) -> None:
     """Prefill, then continue from its state: every output of the rewritten graphs, the op spelled back, the same
     bit for bit as the graphs without the rewrite; the op reading its gate and up the other way round is told apart."""
-    def build(variant: str) -> Callable[[str, Bf16Weights], onnx.ModelProto]:
-        def graph_of(graph: str, weights: Bf16Weights) -> onnx.ModelProto:
-            model = bf16_built(external_export, graph, weights, merged, variant != "graph")
-            return model if variant == "graph" else silu_products_emulated(model, swap=variant == "swapped")
-
-        return graph_of
-
-    outputs = {variant: emulated_outputs(external_export, tmp_path / variant, build(variant)) for variant in ("fused", "swapped", "graph")}
+    outputs = emulated_variants(external_export, tmp_path, lambda graph, weights, fused: bf16_built(external_export, graph, weights, merged, fused),
+                                {"fused": silu_products_emulated, "swapped": lambda model: silu_products_emulated(model, swap=True)})  # fmt: skip
     assert all(np.array_equal(a, b) for a, b in zip(outputs["fused"], outputs["graph"], strict=True))
     assert not np.array_equal(outputs["swapped"][0], outputs["graph"][0])
 
