@@ -46,6 +46,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <string>
@@ -154,6 +155,19 @@ void check(CUresult result, const char* what) {
 
 void require(bool condition, const std::string& message) {
   if (!condition) throw Failure{message};
+}
+
+// The stream ONNX Runtime runs the node on: the CUDA EP gives one, no other provider does.
+CUstream compute_stream(Ort::KernelContext& context) {
+  void* handle = context.GetGPUComputeStream();
+  require(handle != nullptr, "runs on the CUDA execution provider only");
+  return static_cast<CUstream>(handle);
+}
+
+// Every kernel of the library was compiled for 16-byte aligned pointers (s1omni.export.fla_kernels).
+void require_aligned(std::initializer_list<CUdeviceptr> pointers, const char* which = "a tensor") {
+  for (CUdeviceptr p : pointers)
+    require(p % 16 == 0, std::string(which) + " is not 16-byte aligned (the kernels were compiled for aligned pointers)");
 }
 
 size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -297,9 +311,7 @@ class Kernel : public StatusKernel<Kernel> {
 
     auto output = context.GetOutput(0, value_shape);
     auto state_out = context.GetOutput(1, states);
-    void* stream_handle = context.GetGPUComputeStream();
-    require(stream_handle != nullptr, "runs on the CUDA execution provider only");
-    CUstream stream = static_cast<CUstream>(stream_handle);
+    const CUstream stream = compute_stream(context);
     const auto state_ptr = reinterpret_cast<CUdeviceptr>(state.GetTensorRawData());
     const auto state_out_ptr = reinterpret_cast<CUdeviceptr>(state_out.GetTensorMutableRawData());
     if (rows * tokens == 0) {  // nothing to read: the state passes through
@@ -340,8 +352,7 @@ class Kernel : public StatusKernel<Kernel> {
       const auto ptr = [](const Ort::ConstValue& value) { return reinterpret_cast<CUdeviceptr>(value.GetTensorRawData()); };
       const CUdeviceptr q_ptr = ptr(q), k_ptr = ptr(k), v_ptr = ptr(v), decay_ptr = ptr(decay), beta_ptr = ptr(beta);
       const auto out_ptr = reinterpret_cast<CUdeviceptr>(output.GetTensorMutableRawData());
-      for (CUdeviceptr p : {q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, state_ptr, out_ptr, state_out_ptr})
-        require(p % 16 == 0, "a tensor is not 16-byte aligned (the kernels were compiled for aligned pointers)");
+      require_aligned({q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, state_ptr, out_ptr, state_out_ptr});
       const CUdeviceptr none = 0;
       const int32_t packed = static_cast<int32_t>(total);
       const unsigned h_blocks = static_cast<unsigned>(heads);
@@ -410,15 +421,11 @@ class SiluProductKernel : public StatusKernel<SiluProductKernel> {
     shape.back() = width;
     auto output = context.GetOutput(0, shape);
     if (rows * width == 0) return;
-    void* stream_handle = context.GetGPUComputeStream();
-    require(stream_handle != nullptr, "runs on the CUDA execution provider only");
-    CUstream stream = static_cast<CUstream>(stream_handle);
+    const CUstream stream = compute_stream(context);
     const auto gate_ptr = reinterpret_cast<CUdeviceptr>(gate.GetTensorRawData());
     const CUdeviceptr up_ptr = merged ? gate_ptr + width * 2 : reinterpret_cast<CUdeviceptr>(up.GetTensorRawData());
     const auto out_ptr = reinterpret_cast<CUdeviceptr>(output.GetTensorMutableRawData());
-    for (CUdeviceptr p : {gate_ptr, up_ptr, out_ptr})
-      require(p % 16 == 0, "a tensor (or the up half of a merged product) is not 16-byte aligned (the kernel was compiled "
-                           "for aligned pointers)");
+    require_aligned({gate_ptr, up_ptr, out_ptr}, "a tensor (or the up half of a merged product)");
     const int64_t blocks = rows * ((width + kSiluBlock - 1) / kSiluBlock);
     require(last <= INT32_MAX && blocks <= INT32_MAX, "too large for one launch");
     const int32_t width32 = static_cast<int32_t>(width), stride = static_cast<int32_t>(last);
@@ -458,16 +465,13 @@ class ResidualRmsNormKernel : public StatusKernel<ResidualRmsNormKernel> {
     auto total = context.GetOutput(1, shape);
     if (rows * width == 0) return;
     require(rows <= INT32_MAX, "too many rows for one launch");
-    void* stream_handle = context.GetGPUComputeStream();
-    require(stream_handle != nullptr, "runs on the CUDA execution provider only");
-    CUstream stream = static_cast<CUstream>(stream_handle);
+    const CUstream stream = compute_stream(context);
     const auto residual_ptr = reinterpret_cast<CUdeviceptr>(residual.GetTensorRawData());
     const auto addend_ptr = reinterpret_cast<CUdeviceptr>(addend.GetTensorRawData());
     const auto weight_ptr = reinterpret_cast<CUdeviceptr>(weight.GetTensorRawData());
     const auto normalized_ptr = reinterpret_cast<CUdeviceptr>(normalized.GetTensorMutableRawData());
     const auto total_ptr = reinterpret_cast<CUdeviceptr>(total.GetTensorMutableRawData());
-    for (CUdeviceptr p : {residual_ptr, addend_ptr, weight_ptr, normalized_ptr, total_ptr})
-      require(p % 16 == 0, "a tensor is not 16-byte aligned (the kernel was compiled for aligned pointers)");
+    require_aligned({residual_ptr, addend_ptr, weight_ptr, normalized_ptr, total_ptr});
     const int32_t width32 = static_cast<int32_t>(width);
     const CUfunction* functions = modules().functions(stream, &binary->kernel, 1, capturing(stream));
     launch(binary->kernel, functions[0], stream, {static_cast<unsigned>(rows), 1, 1},
@@ -513,17 +517,14 @@ class ShortConvolutionKernel : public StatusKernel<ShortConvolutionKernel> {
     if (rows * channels == 0) return;
     const int64_t token_blocks = tokens == 0 ? 1 : (tokens + binary->block_tokens - 1) / binary->block_tokens;
     require(tokens <= INT32_MAX && channels <= INT32_MAX && token_blocks <= 65535 && rows <= 65535, "too large for one launch");
-    void* stream_handle = context.GetGPUComputeStream();
-    require(stream_handle != nullptr, "runs on the CUDA execution provider only");
-    CUstream stream = static_cast<CUstream>(stream_handle);
+    const CUstream stream = compute_stream(context);
     const auto ptr = [](const Ort::ConstValue& value) {
       return value == nullptr ? CUdeviceptr{0} : reinterpret_cast<CUdeviceptr>(value.GetTensorRawData());
     };
     const CUdeviceptr x_ptr = ptr(x), weight_ptr = ptr(weight), bias_ptr = ptr(bias), past_ptr = ptr(past);
     const auto y_ptr = reinterpret_cast<CUdeviceptr>(y.GetTensorMutableRawData());
     const auto present_ptr = reinterpret_cast<CUdeviceptr>(present.GetTensorMutableRawData());
-    for (CUdeviceptr p : {x_ptr, weight_ptr, bias_ptr, past_ptr, y_ptr, present_ptr})
-      require(p % 16 == 0, "a tensor is not 16-byte aligned (the kernel was compiled for aligned pointers)");
+    require_aligned({x_ptr, weight_ptr, bias_ptr, past_ptr, y_ptr, present_ptr});  // an absent bias or past: 0
     const int32_t tokens32 = static_cast<int32_t>(tokens), channels32 = static_cast<int32_t>(channels);
     const int32_t bias_size = bias == nullptr ? 0 : channels32, past_rows = past == nullptr ? 0 : static_cast<int32_t>(size - 1);
     const CUfunction* functions = modules().functions(stream, &binary->kernel, 1, capturing(stream));
