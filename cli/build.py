@@ -97,7 +97,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--fused-short-convolutions",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="with --gated-delta-kernel ChunkedGatedDeltaRule and --bf16-convolutions, opt-in, not yet run on a GPU: each "
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule and --bf16-convolutions, opt-in, its op tested on an H100, no engine "
+        "with it validated yet: each "
         "Gated DeltaNet short convolution (CausalConvWithState channels_last, with its SiLU) as one ShortConvolution of the "
         "engine's op library, the same inputs and outputs",
     )
