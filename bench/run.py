@@ -90,7 +90,7 @@ def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
         gdn16 = "gdn16" if manifest.get("gated_delta_inputs") == "fp16" else None
         merged = "merged" if manifest.get("merged_projections") else None
         mixers = ("mixers16" if manifest.get("bf16_convolutions") else "mixers") if manifest.get("fused_mixers") else None
-        convolutions = "convs" if manifest.get("fused_short_convolutions") else None
+        convolutions = ("convheads" if manifest.get("fused_convolution_heads") else "convs") if manifest.get("fused_short_convolutions") else None
         silu = "silu" if manifest.get("fused_silu") else None
         norms = "norms" if manifest.get("fused_residual_norms") else None
         attention = ("attn16" if manifest.get("attention_inputs") == "fp16" else "attn") if manifest.get("fused_attention") else None

@@ -103,6 +103,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "engine's op library, the same inputs and outputs",
     )
     parser.add_argument(
+        "--fused-convolution-heads",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --fused-short-convolutions, opt-in, no engine with it validated yet: each short convolution whose output "
+        "only becomes the ChunkedGatedDeltaRule's q, k and v (cast, mask, split, head repeat, l2 norms, float16 casts) as one "
+        "ShortConvolutionHeads of the engine's op library writing them",
+    )
+    parser.add_argument(
         "--fused-attention",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -147,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         bf16_convolutions=args.bf16_convolutions,
         fused_attention=args.fused_attention, attention_inputs=args.attention_inputs, vision_cuda_graphs=args.vision_cuda_graphs,
         cuda_arch=args.cuda_arch, fused_silu=args.fused_silu, fused_residual_norms=args.fused_residual_norms,
-        fused_short_convolutions=args.fused_short_convolutions,
+        fused_short_convolutions=args.fused_short_convolutions, fused_convolution_heads=args.fused_convolution_heads,
     )  # fmt: skip
     manifest = read_manifest(out)
     result = {"engine": str(out), **build_facts(manifest), "member": manifest["member"]}

@@ -54,6 +54,7 @@ from s1omni.runtime.staging import staged_directory
 from .attention_fusions import fuse_attention
 from .bf16_convolutions import short_convolutions_in_bf16
 from .residual_norms import NORM_OP, fuse_residual_norms, norm_widths
+from .convolution_heads import HEADS_OP, head_kernels, use_convolution_heads
 from .short_convolutions import CONVOLUTION_OP, kernel_sizes, use_convolution_op
 from .silu_products import SILU_OP, fuse_silu_products
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
@@ -133,6 +134,7 @@ def _graph_rewrites(
     target: str, kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool,
     weights: Bf16Weights, fp8_weights: Bf16Weights, mixers: bool, attention: str | None, bf16_convolutions: bool = False,
     fused_silu: bool = False, fused_residual_norms: bool = False, fused_short_convolutions: bool = False,
+    fused_convolution_heads: bool = False,
 ) -> dict[str, Callable[[onnx.ModelProto], int]]:
     """What a build rewrites in each backbone graph, in order: on the CPU its exponentials in float64
     (``s1omni.export.cpu_exp``), else the Gated DeltaNet kernel (its q/k/v in
@@ -140,7 +142,8 @@ def _graph_rewrites(
     merged projections, then the GEMMs' precision (merged weights are rounded as they are concatenated, so
     only bf16 builds merge; fp8 builds run the GEMMs float8 cannot take in bfloat16), then the short convolutions
     on the GEMMs' bfloat16 products (``s1omni.export.bf16_convolutions``; then as the op library's, with
-    ``s1omni.export.short_convolutions``), the MLPs' SiLU products (``s1omni.export.silu_products``) and the residual
+    ``s1omni.export.short_convolutions``, those that make the Gated DeltaNet rule's q, k and v writing them with
+    ``s1omni.export.convolution_heads``), the MLPs' SiLU products (``s1omni.export.silu_products``) and the residual
     adds with their norms (``s1omni.export.residual_norms``)."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
     if target == "cpu":
@@ -167,6 +170,8 @@ def _graph_rewrites(
         rewrites["bfloat16 short convolutions"] = lambda graph: short_convolutions_in_bf16(graph, weights)
     if fused_short_convolutions:
         rewrites[f"{CONVOLUTION_OP} nodes"] = use_convolution_op
+    if fused_convolution_heads:
+        rewrites[f"{HEADS_OP} nodes"] = use_convolution_heads
     if fused_silu:
         rewrites[f"{SILU_OP} nodes"] = fuse_silu_products
     if fused_residual_norms:
@@ -233,6 +238,7 @@ def build(
     fused_silu: bool = False,
     fused_residual_norms: bool = False,
     fused_short_convolutions: bool = False,
+    fused_convolution_heads: bool = False,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
@@ -247,8 +253,9 @@ def build(
     compute capability ``ChunkedGatedDeltaRule``'s kernels are compiled for (None: the visible GPU's), and
     ``fused_silu``, the MLPs' SiLU products as that library's ``SiluProduct`` (``s1omni.export.silu_products``),
     ``fused_residual_norms``, the residual adds and their RMSNorms as its ``ResidualRmsNorm`` (``s1omni.export.residual_norms``),
-    and ``fused_short_convolutions``, the bfloat16 short convolutions as its ``ShortConvolution``
-    (``s1omni.export.short_convolutions``; with ``bf16_convolutions``)."""
+    ``fused_short_convolutions``, the bfloat16 short convolutions as its ``ShortConvolution``
+    (``s1omni.export.short_convolutions``; with ``bf16_convolutions``), and ``fused_convolution_heads``, those that
+    make the rule's q, k and v as its ``ShortConvolutionHeads`` (``s1omni.export.convolution_heads``)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -266,6 +273,9 @@ def build(
     if fused_short_convolutions and not bf16_convolutions:
         raise UsageError("--fused-short-convolutions runs the convolutions --bf16-convolutions writes as an op: add --bf16-convolutions "
                          "(and --fused-mixers, --precision bf16)")  # fmt: skip
+    if fused_convolution_heads and not fused_short_convolutions:
+        raise UsageError("--fused-convolution-heads extends the op --fused-short-convolutions writes: add --fused-short-convolutions "
+                         "(and --bf16-convolutions, --fused-mixers, --precision bf16)")  # fmt: skip
     if vision_cuda_graphs and (backend, target) != ("onnxruntime", "cuda"):
         raise UsageError("--vision-cuda-graphs is for onnxruntime/cuda")
     if precision == "fp8" and (backend, target) != ("onnxruntime", "cuda"):
@@ -308,11 +318,13 @@ def build(
             shapes: list[tuple[int, int, int]] = []
             widths: list[int] = []
             sizes: list[int] = []
+            heads: list[tuple[int, int, int]] = []
             merged_projections = merged_projections and precision == "bf16"
             attention = _attention_inputs(attention_inputs, fused_attention, precision)
             rewrites = _graph_rewrites(target, kernel, inputs, precision, recurrence, op_fusion, merged_projections,
                                        Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers, attention,
-                                       bf16_convolutions, fused_silu, fused_residual_norms, fused_short_convolutions)  # fmt: skip
+                                       bf16_convolutions, fused_silu, fused_residual_norms, fused_short_convolutions,
+                                       fused_convolution_heads)  # fmt: skip
             for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:
                     progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...")
@@ -326,6 +338,8 @@ def build(
                         widths += norm_widths(graph)
                     if fused_short_convolutions:
                         sizes += kernel_sizes(graph)
+                    if fused_convolution_heads:
+                        heads += head_kernels(graph)
                     onnx.save(graph, str(stage / name))
                     progress.note(f"onnxruntime/{target}: {name}: {done}")
                     continue
@@ -342,7 +356,7 @@ def build(
             library = None
             if kernel == OP_TYPE:
                 progress.note(f"onnxruntime/{target}: compiling {OP_TYPE} for sm_{cuda_arch}, head shapes {sorted(set(shapes))} ...")
-                library = build_library(stage, shapes, cuda_arch, widths, sizes)
+                library = build_library(stage, shapes, cuda_arch, widths, sizes, heads)
                 progress.note(f"onnxruntime/{target}: {library['library']} (Triton {library['triton_version']}, fla {library['fla_version']})")
             record = {
                 "backend": "onnxruntime",
@@ -361,6 +375,7 @@ def build(
                 "fused_silu": fused_silu,
                 "fused_residual_norms": fused_residual_norms,
                 "fused_short_convolutions": fused_short_convolutions,
+                "fused_convolution_heads": fused_convolution_heads,
                 "fused_attention": fused_attention,
                 "attention_inputs": attention,
                 "cuda_graphs": cuda_graphs,

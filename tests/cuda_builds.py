@@ -14,6 +14,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from s1omni.export.convolution_heads import HEADS_OP
 from s1omni.export.cuda_kernels import INPUT_TYPES
 from s1omni.export.naming import CONTRIB_DOMAIN, OP_TYPE
 from s1omni.export.residual_norms import NORM_OP
@@ -61,7 +62,7 @@ def gated_delta_net_emulated(rewritten: onnx.ModelProto, inputs: str) -> onnx.Mo
     model = onnx.ModelProto.FromString(rewritten.SerializeToString())
     graph = model.graph
     producers = {output: node for node in graph.node for output in node.output}
-    constants = {tensor.name: numpy_helper.to_array(tensor) for tensor in graph.initializer}
+    constants = {tensor.name: tensor for tensor in graph.initializer}  # weights may be external: read only the reshapes'
     nodes = []
     for index, node in enumerate(graph.node):
         if node.op_type not in ("GatedDeltaNet", OP_TYPE):
@@ -73,7 +74,7 @@ def gated_delta_net_emulated(rewritten: onnx.ModelProto, inputs: str) -> onnx.Mo
         else:
             query, key, value, decay, beta, state = node.input
         reshape = producers[query]
-        heads = int(constants[reshape.input[1]][2])
+        heads = int(numpy_helper.to_array(constants[reshape.input[1]])[2])
         tag = f"emulated{index}"
         packed = []
         for name in (query, key, value):
@@ -168,6 +169,60 @@ def short_convolutions_emulated(rewritten: onnx.ModelProto, past: bool = True) -
             node.attribute.extend([helper.make_attribute("activation", "silu"), helper.make_attribute("channels_last", 1)])
             if not past:
                 del node.input[3:]
+    return model
+
+
+def convolution_heads_emulated(rewritten: onnx.ModelProto, tiled: bool = False) -> onnx.ModelProto:
+    """A copy of ``rewritten`` with each ``ShortConvolutionHeads`` (CUDA only) spelled as the nodes it replaced: the
+    convolution (``CausalConvWithState``, its output named ``.../bf16`` for ``bfloat16_emulated`` to round), the cast
+    to float32, the mask's ``Mul``, the ``Split``, each q/k head repeated in a row, ``SimplifiedLayerNormalization``
+    and the casts to float16. ``tiled`` repeats the heads as a whole instead (heads 0, 1, .., 0, 1, ..), for a test
+    that must tell."""
+    model = onnx.ModelProto.FromString(rewritten.SerializeToString())
+    graph = model.graph
+    weights = {tensor.name: tensor for tensor in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        if node.op_type != HEADS_OP:
+            nodes.append(node)
+            continue
+        facts = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        key_heads, value_heads, key_size = facts["key_heads"], facts["value_heads"], facts["key_size"]
+        repeat, channels = value_heads // key_heads, weights[node.input[1]].dims[0]
+        tag = f"{node.name}/emulated"
+        constants = {
+            "sizes": [key_heads * key_size, key_heads * key_size, channels - 2 * key_heads * key_size],
+            "heads": [0, 0, key_heads, key_size], "axis": [2 if tiled else 3], "repeated": [0, 0, value_heads, key_size],
+            "factors": [1, 1, repeat, 1, 1] if tiled else [1, 1, 1, repeat, 1], "values": [0, 0, value_heads, -1],
+        }  # fmt: skip
+        graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), f"{tag}/{k}") for k, v in constants.items())
+        graph.initializer.append(numpy_helper.from_array(np.full(key_size, facts["scale"], np.float32), f"{tag}/scale"))
+        x, weight, bias, past, *mask = node.input
+        q, k, v, present = node.output
+        widened = f"{tag}/y" if not mask else f"{tag}/unmasked"
+        nodes += [
+            helper.make_node("CausalConvWithState", [x, weight, bias, past], [f"{tag}/y/bf16", present], domain=CONTRIB_DOMAIN,
+                             activation="silu", channels_last=1),
+            helper.make_node("Cast", [f"{tag}/y/bf16"], [widened], to=TensorProto.FLOAT),
+            *([helper.make_node("Mul", [widened, mask[0]], [f"{tag}/y"])] if mask else []),
+            helper.make_node("Split", [f"{tag}/y", f"{tag}/sizes"], [f"{tag}/q", f"{tag}/k", f"{tag}/v"], axis=-1),
+            helper.make_node("Cast", [f"{tag}/v"], [f"{tag}/v/fp16"], to=TensorProto.FLOAT16),
+            helper.make_node("Reshape", [f"{tag}/v/fp16", f"{tag}/values"], [v]),  # the rule's inputs end in a reshape to its heads
+        ]  # fmt: skip
+        for part, output in (("q", q), ("k", k)):
+            at = f"{tag}/{part}"
+            nodes += [
+                helper.make_node("Reshape", [at, f"{tag}/heads"], [f"{at}/heads"]),
+                helper.make_node("Unsqueeze", [f"{at}/heads", f"{tag}/axis"], [f"{at}/unsqueezed"]),
+                helper.make_node("Expand", [f"{at}/unsqueezed", f"{tag}/factors"], [f"{at}/expanded"]),
+                helper.make_node("Reshape", [f"{at}/expanded", f"{tag}/repeated"], [f"{at}/repeated"]),
+                helper.make_node("SimplifiedLayerNormalization", [f"{at}/repeated", f"{tag}/scale"], [f"{at}/normalized"], axis=-1,
+                                 epsilon=facts["epsilon"], stash_type=1),
+                helper.make_node("Cast", [f"{at}/normalized"], [f"{at}/fp16"], to=TensorProto.FLOAT16),
+                helper.make_node("Reshape", [f"{at}/fp16", f"{tag}/values"], [output]),
+            ]  # fmt: skip
+    del graph.node[:]
+    graph.node.extend(nodes)
     return model
 
 

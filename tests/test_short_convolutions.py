@@ -32,7 +32,7 @@ from s1omni.runtime.engine import read_manifest
 from s1omni.runtime.runners.onnxruntime_runner import session_options
 from tests.cli import run_s1omni
 from tests.cuda_builds import needs_cuda, short_convolutions_emulated
-from tests.test_bf16_convolutions import LAYERS, bf16_convolutions_built, emulated_variants, inlined, prefill_then_continue
+from tests.test_bf16_convolutions import LAYERS, assert_cuda_ep_runs_the_rewrite_as_without, bf16_convolutions_built, emulated_variants
 
 SIZE = 4  # the members' convolution taps, K
 CUDA = [("CUDAExecutionProvider", {"use_tf32": 0}), "CPUExecutionProvider"]
@@ -343,14 +343,4 @@ def test_the_cuda_ep_runs_the_rewrite_as_the_graph_without_it(gpu_library: Path,
     library's short convolutions) against the same graphs without the rewrite there (ONNX Runtime's kernel): every
     output within a few bfloat16 steps (the two compute the same float32 sums, but a value near a rounding boundary
     may round the other way, and the difference travels)."""
-    weights = Bf16Weights(external_export, tmp_path)
-    ran = {}
-    for op in (True, False):
-        sessions = [onnxruntime.InferenceSession(inlined(_built(external_export, graph, weights, merged, op), external_export, tmp_path),
-                                                 session_options("cuda", gpu_library), providers=CUDA)
-                    for graph in ("prefill", "continue")]  # fmt: skip
-        outputs = prefill_then_continue(*sessions)
-        ran[op] = [*outputs["prefill"], *outputs["continue"]]
-    for got, want in zip(ran[True], ran[False], strict=True):
-        scale = float(np.abs(want).max())
-        assert float(np.abs(got - want).max()) <= 0.05 * scale and float(np.abs(got - want).mean()) <= 2e-3 * scale
+    assert_cuda_ep_runs_the_rewrite_as_without(gpu_library, external_export, tmp_path, lambda graph, weights, op: _built(external_export, graph, weights, merged, op))
