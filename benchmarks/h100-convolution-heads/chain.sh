@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Detached device chain (issue 16): the short convolution as one op (--fused-short-convolutions) and as one op writing
+# Detached device chain, run 2026-12-06 on an H100 80GB (chain.txt; gpu-tests/: 18 passed; issue 16): the short convolution as one op (--fused-short-convolutions) and as one op writing
 # the gated delta rule's q, k and v (--fused-convolution-heads) in engines, each validated before any timing. Run with
 # scripts/device.sh: start CHAIN (carry .device/p1), stage 2..5, stage 6 with .device/ort-include copied to
 # /tmp/ort-include, then poll "chain done" in as few calls as the time allows. Name the record after the card that ran it.
