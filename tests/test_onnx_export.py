@@ -403,6 +403,32 @@ def test_blocks_are_grouped_by_length_so_padding_stays_bounded() -> None:
     assert length_groups([10, 10, 10], 1.25) == [[0, 1, 2]] and length_groups([], 1.25) == []
 
 
+def test_a_call_is_worth_its_cost_in_padded_tokens() -> None:
+    """The router request's blocks (case router-signals-600): four calls where a call costs nothing but its tokens,
+    three where one is worth 512 padded tokens (the four short blocks take 280 more, the 482 with them 1,376)."""
+    from s1omni.runtime.runners.onnxruntime_runner import DEFAULT_CALL_COST_TOKENS, length_groups
+
+    lengths = [482, 114, 96, 208, 134, 1221]
+    assert length_groups(lengths, 1.25) == length_groups(lengths, 1.25, DEFAULT_CALL_COST_TOKENS) == [[2, 1, 4], [3], [0], [5]]
+    assert length_groups(lengths, 1.25, 512) == [[2, 1, 4, 3], [0], [5]]
+    assert length_groups(lengths, 1.25, 739) == [[2, 1, 4, 3], [0, 5]]  # 2 x 1,221 is 739 more than 482 + 1,221
+    assert length_groups(lengths, 1.25, 10**9) == [[2, 1, 4, 3, 0, 5]]
+
+
+def test_blocks_grouped_for_fewer_calls_answer_as_grouped_by_length(runner: OnnxRuntimeRunner) -> None:
+    """One call for every block (padded to the longest) against the length groups: the same hidden states."""
+    rng = np.random.default_rng(11)
+    trees = [_tree(rng, 30, 5, 70, 9, 33), _tree(rng, 12, 2, 50)]
+    assert runner.call_cost_tokens == 0  # the default: by length alone
+    grouped = runner.run(trees)
+    runner.call_cost_tokens = 10**9
+    try:
+        together = runner.run(trees)
+    finally:
+        runner.call_cost_tokens = 0
+    assert _max_abs(together, grouped) <= GATE
+
+
 def test_trees_are_batched_as_the_reference_batches_them() -> None:
     from s1omni.runtime.runners.onnxruntime_runner import MAX_BATCH_PADDED_TOKENS, MAX_BATCH_TREES, tree_batches
 

@@ -59,6 +59,14 @@ GATHER_IR_VERSION = 8
 OP_LIBRARY = "libs1omni_gdn.so"
 # A continue call may pad its blocks to at most this many times their tokens; wider spreads split.
 PADDING_SLACK = 1.25
+# What one call fewer is worth, in padded tokens (``length_groups``; ``OnnxRuntimeRunner.call_cost_tokens``). On
+# the CUDA EP a call has a fixed cost, its ~1,000 kernels a few us each however few its tokens: the bf16 CUDA-graph
+# engines' backbone times on an H100 (benchmarks/h100-convolution-heads) fit 6.4 ms + 7.2 us a token on the 0.8B
+# member and 13.7 ms + 18.9 us on the 4B, a call worth ~900 and ~700 tokens, so 512 there would merge the router
+# request's four short blocks into one call. Until benchmarks/call-groups/chain.sh has timed that and validated
+# engines with it on the device, every runner groups by length alone; on the CPU a call costs its tokens (the
+# tiny member's router request: 215 ms in four continue calls, 241 in three, 298 in two).
+DEFAULT_CALL_COST_TOKENS = 0
 # The reference's exact batching of a request's trees (vela2-decoder.md §2.9, from
 # vllm-project/semantic-router:src/model-runtime/vllm_srun/families/vela2/members.py): a batch closes
 # before it would pass 32 trees, or its widest tree x its tree count would pass 24,576 tokens.
@@ -141,10 +149,13 @@ def tree_batches(tokens: Sequence[int]) -> list[list[int]]:
     return _ascending_groups(tokens, lambda count, widest, _: count <= MAX_BATCH_TREES and widest * count <= MAX_BATCH_PADDED_TOKENS)
 
 
-def length_groups(lengths: Sequence[int], slack: float) -> list[list[int]]:
+def length_groups(lengths: Sequence[int], slack: float, call_tokens: int = 0) -> list[list[int]]:
     """Indices of ``lengths`` in groups whose padded size (widest x count) stays within ``slack`` x
-    their tokens: one continue call per group, so a short block is not padded to the longest."""
-    return _ascending_groups(lengths, lambda count, widest, total: widest * count <= slack * total)
+    their tokens, or adds at most ``call_tokens`` padded tokens (what a call more would cost): one
+    continue call per group, so a short block is not padded to the longest."""
+    return _ascending_groups(
+        lengths, lambda count, widest, total: widest * count <= slack * total or widest * count - total <= call_tokens
+    )
 
 
 def longest_first(groups: list[list[int]], lengths: Sequence[int]) -> list[list[int]]:
@@ -183,6 +194,9 @@ class OnnxRuntimeRunner:
         engine_dir = Path(engine_dir)
         self.device, self._device_id = device_of(device)
         self.precision = precision
+        # Padded tokens a call fewer is worth when blocks are grouped (``length_groups``); an attribute, so that one
+        # process can time groupings side by side (benchmarks/call-groups/ab.py).
+        self.call_cost_tokens = DEFAULT_CALL_COST_TOKENS
         chosen = providers(self.device, self._device_id, provider_options or {})
         backbone = providers(self.device, self._device_id, {**(provider_options or {}), **capture_options(cuda_graphs, self.device)})
         options = session_options(self.device, engine_dir)
@@ -275,7 +289,7 @@ class OnnxRuntimeRunner:
             state = self._prefill_batch([trees[index].prefix for index in chosen])
             places = [(row, number) for row, index in enumerate(chosen) for number in range(len(trees[index].blocks))]
             lengths = [len(trees[chosen[row]].blocks[number].ids) for row, number in places]
-            for group in longest_first(length_groups(lengths, PADDING_SLACK), lengths):
+            for group in longest_first(length_groups(lengths, PADDING_SLACK, self.call_cost_tokens), lengths):
                 taken = sorted(places[i] for i in group)
                 rows = sorted({row for row, _ in taken})
                 blocks = [[trees[chosen[row]].blocks[number] for owner, number in taken if owner == row] for row in rows]
@@ -350,7 +364,7 @@ class OnnxRuntimeRunner:
         order, and each block's to ``done`` (its index, its rows) as its call ends."""
         out: list[np.ndarray] = [np.empty(0)] * len(blocks)
         lengths = [len(block.ids) for block in blocks]
-        for group in longest_first(length_groups(lengths, PADDING_SLACK), lengths):
+        for group in longest_first(length_groups(lengths, PADDING_SLACK, self.call_cost_tokens), lengths):
             for index, hidden in zip(group, self._continue_batch(state, owners[group], [blocks[i] for i in group]), strict=True):
                 out[index] = hidden
                 if done is not None:

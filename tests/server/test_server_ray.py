@@ -189,7 +189,9 @@ def test_metrics_are_each_replicas_own(server: Deployment) -> None:
 def test_a_burst_of_four_times_the_combined_queue_is_answered_200_or_429(server: Deployment) -> None:
     responses = burst(server, 4 * REPLICAS * MAX_QUEUE, SMALL)
     check_burst(responses)  # the 429s are the contract's: the replicas refused them, not the proxy
-    assert {response.headers["x-replica"] for response in responses if response.status_code == 200} == set(replicas_seen(server))
+    # The burst overflows one replica's queue, so both answer some; asked of the burst itself, since the
+    # proxy's cached queue lengths may keep a just-full replica out of the next few small bursts.
+    assert len({response.headers["x-replica"] for response in responses if response.status_code == 200}) == REPLICAS
     assert server.client.get("/health").status_code == 200
 
 
