@@ -89,7 +89,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--fused-residual-norms",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in, no engine with it validated yet: each residual add and the "
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in, validated on the 0.8B and 4B on an H100: each residual add and the "
         "RMSNorm read by the next GEMMs as one ResidualRmsNorm of the engine's op library, reading the bfloat16 product and "
         "writing the float32 sum and the bfloat16 normalized rows",
     )
@@ -109,6 +109,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with --fused-short-convolutions, opt-in, validated on the 0.8B and 4B on an H100: each short convolution whose output "
         "only becomes the ChunkedGatedDeltaRule's q, k and v (cast, mask, split, head repeat, l2 norms, float16 casts) as one "
         "ShortConvolutionHeads of the engine's op library writing them",
+    )
+    parser.add_argument(
+        "--fused-delta-gates",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in, not yet run on a GPU: each Gated DeltaNet layer's decay "
+        "and beta (the casts of the a and b products, dt_bias, the thresholded softplus, the -exp(A_log) scale, the prefill "
+        "mask, the sigmoid) as one GatedDeltaGates of the engine's op library",
     )
     parser.add_argument(
         "--fused-attention",
@@ -156,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         fused_attention=args.fused_attention, attention_inputs=args.attention_inputs, vision_cuda_graphs=args.vision_cuda_graphs,
         cuda_arch=args.cuda_arch, fused_silu=args.fused_silu, fused_residual_norms=args.fused_residual_norms,
         fused_short_convolutions=args.fused_short_convolutions, fused_convolution_heads=args.fused_convolution_heads,
+        fused_delta_gates=args.fused_delta_gates,
     )  # fmt: skip
     manifest = read_manifest(out)
     result = {"engine": str(out), **build_facts(manifest), "member": manifest["member"]}

@@ -55,6 +55,7 @@ from .attention_fusions import fuse_attention
 from .bf16_convolutions import short_convolutions_in_bf16
 from .residual_norms import NORM_OP, fuse_residual_norms, norm_widths
 from .convolution_heads import HEADS_OP, head_kernels, use_convolution_heads
+from .delta_gates import GATES_OP, use_delta_gates
 from .short_convolutions import CONVOLUTION_OP, kernel_sizes, use_convolution_op
 from .silu_products import SILU_OP, fuse_silu_products
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
@@ -134,7 +135,7 @@ def _graph_rewrites(
     target: str, kernel: str | None, inputs: str, precision: str, recurrence: str, op_fusion: bool, merged: bool,
     weights: Bf16Weights, fp8_weights: Bf16Weights, mixers: bool, attention: str | None, bf16_convolutions: bool = False,
     fused_silu: bool = False, fused_residual_norms: bool = False, fused_short_convolutions: bool = False,
-    fused_convolution_heads: bool = False,
+    fused_convolution_heads: bool = False, fused_delta_gates: bool = False,
 ) -> dict[str, Callable[[onnx.ModelProto], int]]:
     """What a build rewrites in each backbone graph, in order: on the CPU its exponentials in float64
     (``s1omni.export.cpu_exp``), else the Gated DeltaNet kernel (its q/k/v in
@@ -143,8 +144,8 @@ def _graph_rewrites(
     only bf16 builds merge; fp8 builds run the GEMMs float8 cannot take in bfloat16), then the short convolutions
     on the GEMMs' bfloat16 products (``s1omni.export.bf16_convolutions``; then as the op library's, with
     ``s1omni.export.short_convolutions``, those that make the Gated DeltaNet rule's q, k and v writing them with
-    ``s1omni.export.convolution_heads``), the MLPs' SiLU products (``s1omni.export.silu_products``) and the residual
-    adds with their norms (``s1omni.export.residual_norms``)."""
+    ``s1omni.export.convolution_heads``), the rule's gates (``s1omni.export.delta_gates``), the MLPs' SiLU products
+    (``s1omni.export.silu_products``) and the residual adds with their norms (``s1omni.export.residual_norms``)."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
     if target == "cpu":
         rewrites["float64 Exp nodes"] = exp_in_float64
@@ -172,6 +173,8 @@ def _graph_rewrites(
         rewrites[f"{CONVOLUTION_OP} nodes"] = use_convolution_op
     if fused_convolution_heads:
         rewrites[f"{HEADS_OP} nodes"] = use_convolution_heads
+    if fused_delta_gates:
+        rewrites[f"{GATES_OP} nodes"] = use_delta_gates
     if fused_silu:
         rewrites[f"{SILU_OP} nodes"] = fuse_silu_products
     if fused_residual_norms:
@@ -239,6 +242,7 @@ def build(
     fused_residual_norms: bool = False,
     fused_short_convolutions: bool = False,
     fused_convolution_heads: bool = False,
+    fused_delta_gates: bool = False,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
@@ -254,8 +258,9 @@ def build(
     ``fused_silu``, the MLPs' SiLU products as that library's ``SiluProduct`` (``s1omni.export.silu_products``),
     ``fused_residual_norms``, the residual adds and their RMSNorms as its ``ResidualRmsNorm`` (``s1omni.export.residual_norms``),
     ``fused_short_convolutions``, the bfloat16 short convolutions as its ``ShortConvolution``
-    (``s1omni.export.short_convolutions``; with ``bf16_convolutions``), and ``fused_convolution_heads``, those that
-    make the rule's q, k and v as its ``ShortConvolutionHeads`` (``s1omni.export.convolution_heads``)."""
+    (``s1omni.export.short_convolutions``; with ``bf16_convolutions``), ``fused_convolution_heads``, those that
+    make the rule's q, k and v as its ``ShortConvolutionHeads`` (``s1omni.export.convolution_heads``), and
+    ``fused_delta_gates``, the rule's decay and beta as its ``GatedDeltaGates`` (``s1omni.export.delta_gates``)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -302,7 +307,7 @@ def build(
             op_fusion = op_fusion and target == "cuda"
             inputs = _gated_delta_inputs(gated_delta_inputs, kernel, precision)
             for option, asked in (("--fused-silu", fused_silu), ("--fused-residual-norms", fused_residual_norms),
-                                  ("--fused-short-convolutions", fused_short_convolutions)):
+                                  ("--fused-short-convolutions", fused_short_convolutions), ("--fused-delta-gates", fused_delta_gates)):
                 if asked and kernel != OP_TYPE:
                     raise UsageError(f"{option} runs the op library of --gated-delta-kernel {OP_TYPE}: add it (--precision bf16)")
             if cuda_arch is not None and kernel != OP_TYPE:
@@ -324,7 +329,7 @@ def build(
             rewrites = _graph_rewrites(target, kernel, inputs, precision, recurrence, op_fusion, merged_projections,
                                        Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers, attention,
                                        bf16_convolutions, fused_silu, fused_residual_norms, fused_short_convolutions,
-                                       fused_convolution_heads)  # fmt: skip
+                                       fused_convolution_heads, fused_delta_gates)  # fmt: skip
             for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:
                     progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...")
@@ -376,6 +381,7 @@ def build(
                 "fused_residual_norms": fused_residual_norms,
                 "fused_short_convolutions": fused_short_convolutions,
                 "fused_convolution_heads": fused_convolution_heads,
+                "fused_delta_gates": fused_delta_gates,
                 "fused_attention": fused_attention,
                 "attention_inputs": attention,
                 "cuda_graphs": cuda_graphs,

@@ -5,6 +5,7 @@ nodes in emulation)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.convolution_heads import HEADS_OP
 from s1omni.export.cuda_kernels import INPUT_TYPES
+from s1omni.export.delta_gates import GATES_OP
 from s1omni.export.naming import CONTRIB_DOMAIN, OP_TYPE
 from s1omni.export.residual_norms import NORM_OP
 from s1omni.export.short_convolutions import CONVOLUTION_OP
@@ -100,62 +102,89 @@ def gated_delta_net_emulated(rewritten: onnx.ModelProto, inputs: str) -> onnx.Mo
     return model
 
 
+def spelled_out(rewritten: onnx.ModelProto, op_type: str, spell: Callable[[onnx.NodeProto, onnx.GraphProto], list[onnx.NodeProto]]) -> onnx.ModelProto:
+    """A copy of ``rewritten`` with each ``op_type`` node replaced by the nodes ``spell`` gives for it (given the node and
+    the copy's graph, to which it may add initializers)."""
+    model = onnx.ModelProto.FromString(rewritten.SerializeToString())
+    graph = model.graph
+    nodes = [new for node in graph.node for new in (spell(node, graph) if node.op_type == op_type else [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
 def silu_products_emulated(rewritten: onnx.ModelProto, swap: bool = False) -> onnx.ModelProto:
     """A copy of ``rewritten`` with each ``SiluProduct`` (CUDA only) spelled as the graph had it: the bfloat16 products
     cast to float32 (a merged one cast, then split in halves), ``Sigmoid``, ``Mul``, ``Mul``, the result cast to
     bfloat16. ``swap`` reads the halves the wrong way round, for a test that must tell."""
-    model = onnx.ModelProto.FromString(rewritten.SerializeToString())
-    graph = model.graph
-    nodes = []
-    for node in graph.node:
-        if node.op_type != SILU_OP:
-            nodes.append(node)
-            continue
+    def spell(node: onnx.NodeProto, _: onnx.GraphProto) -> list[onnx.NodeProto]:
         tag = f"{node.name}/emulated"
         gate, up = f"{tag}/gate", f"{tag}/up"
         if len(node.input) == 2:
-            nodes += [helper.make_node("Cast", [node.input[0]], [gate], to=TensorProto.FLOAT),
-                      helper.make_node("Cast", [node.input[1]], [up], to=TensorProto.FLOAT)]  # fmt: skip
+            nodes = [helper.make_node("Cast", [node.input[0]], [gate], to=TensorProto.FLOAT),
+                     helper.make_node("Cast", [node.input[1]], [up], to=TensorProto.FLOAT)]  # fmt: skip
         else:
-            nodes += [helper.make_node("Cast", [node.input[0]], [f"{tag}/product"], to=TensorProto.FLOAT),
-                      helper.make_node("Split", [f"{tag}/product"], [gate, up], axis=-1, num_outputs=2)]  # fmt: skip
+            nodes = [helper.make_node("Cast", [node.input[0]], [f"{tag}/product"], to=TensorProto.FLOAT),
+                     helper.make_node("Split", [f"{tag}/product"], [gate, up], axis=-1, num_outputs=2)]  # fmt: skip
         if swap:
             gate, up = up, gate
-        nodes += [
+        return [
+            *nodes,
             helper.make_node("Sigmoid", [gate], [f"{tag}/sigmoid"]),
             helper.make_node("Mul", [gate, f"{tag}/sigmoid"], [f"{tag}/silu"]),
             helper.make_node("Mul", [f"{tag}/silu", up], [f"{tag}/product32"]),
             helper.make_node("Cast", [f"{tag}/product32"], list(node.output), to=TensorProto.BFLOAT16),
         ]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model
+
+    return spelled_out(rewritten, SILU_OP, spell)
+
+
+def delta_gates_emulated(rewritten: onnx.ModelProto, swap: bool = False) -> onnx.ModelProto:
+    """A copy of ``rewritten`` with each ``GatedDeltaGates`` (CUDA only) spelled as the graph had it: the bfloat16
+    products cast to float32, ``Add`` of ``dt_bias``, ``Softplus``, ``Greater`` than the threshold, ``Where``, ``Mul`` by
+    the scale (then by the mask, where the op has one) for the decay; ``Sigmoid`` for beta. ``swap`` reads a and b the
+    wrong way round, for a test that must tell."""
+    def spell(node: onnx.NodeProto, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+        tag = f"{node.name}/emulated"
+        a, b, dt_bias, scale, *mask = node.input
+        if swap:
+            a, b = b, a
+        decay, beta = node.output
+        scaled = f"{tag}/scaled" if mask else decay
+        threshold = np.array(next(at.f for at in node.attribute if at.name == "threshold"), np.float32)
+        graph.initializer.append(numpy_helper.from_array(threshold, f"{tag}/threshold"))
+        return [
+            helper.make_node("Cast", [a], [f"{tag}/a"], to=TensorProto.FLOAT),
+            helper.make_node("Add", [f"{tag}/a", dt_bias], [f"{tag}/x"]),
+            helper.make_node("Softplus", [f"{tag}/x"], [f"{tag}/softplus"]),
+            helper.make_node("Greater", [f"{tag}/x", f"{tag}/threshold"], [f"{tag}/above"]),
+            helper.make_node("Where", [f"{tag}/above", f"{tag}/x", f"{tag}/softplus"], [f"{tag}/gated"]),
+            helper.make_node("Mul", [scale, f"{tag}/gated"], [scaled]),
+            *([helper.make_node("Mul", [scaled, mask[0]], [decay])] if mask else []),
+            helper.make_node("Cast", [b], [f"{tag}/b"], to=TensorProto.FLOAT),
+            helper.make_node("Sigmoid", [f"{tag}/b"], [beta]),
+        ]
+
+    return spelled_out(rewritten, GATES_OP, spell)
 
 
 def residual_norms_emulated(rewritten: onnx.ModelProto, add: bool = True) -> onnx.ModelProto:
     """A copy of ``rewritten`` with each ``ResidualRmsNorm`` (CUDA only) spelled as the graph had it: the bfloat16
     addend cast to float32, ``Add``, ``SimplifiedLayerNormalization`` (float32 statistics), the result cast to
     bfloat16. ``add=False`` normalizes the residual alone, for a test that must tell."""
-    model = onnx.ModelProto.FromString(rewritten.SerializeToString())
-    graph = model.graph
-    nodes = []
-    for node in graph.node:
-        if node.op_type != NORM_OP:
-            nodes.append(node)
-            continue
+    def spell(node: onnx.NodeProto, _: onnx.GraphProto) -> list[onnx.NodeProto]:
         tag = f"{node.name}/emulated"
         residual, addend, weight = node.input
         normalized, total = node.output
         epsilon = helper.get_attribute_value(node.attribute[0])
-        nodes += [
+        return [
             helper.make_node("Cast", [addend], [f"{tag}/addend"], to=TensorProto.FLOAT),
             helper.make_node("Add", [residual, f"{tag}/addend"], [total]) if add else helper.make_node("Identity", [residual], [total]),
             helper.make_node("SimplifiedLayerNormalization", [total, weight], [f"{tag}/norm"], axis=-1, epsilon=epsilon, stash_type=1),
             helper.make_node("Cast", [f"{tag}/norm"], [normalized], to=TensorProto.BFLOAT16),
         ]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model
+
+    return spelled_out(rewritten, NORM_OP, spell)
 
 
 def short_convolutions_emulated(rewritten: onnx.ModelProto, past: bool = True) -> onnx.ModelProto:
@@ -178,17 +207,11 @@ def convolution_heads_emulated(rewritten: onnx.ModelProto, tiled: bool = False) 
     to float32, the mask's ``Mul``, the ``Split``, each q/k head repeated in a row, ``SimplifiedLayerNormalization``
     and the casts to float16. ``tiled`` repeats the heads as a whole instead (heads 0, 1, .., 0, 1, ..), for a test
     that must tell."""
-    model = onnx.ModelProto.FromString(rewritten.SerializeToString())
-    graph = model.graph
-    weights = {tensor.name: tensor for tensor in graph.initializer}
-    nodes = []
-    for node in graph.node:
-        if node.op_type != HEADS_OP:
-            nodes.append(node)
-            continue
+    def spell(node: onnx.NodeProto, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
         facts = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         key_heads, value_heads, key_size = facts["key_heads"], facts["value_heads"], facts["key_size"]
-        repeat, channels = value_heads // key_heads, weights[node.input[1]].dims[0]
+        repeat = value_heads // key_heads
+        channels = next(tensor for tensor in graph.initializer if tensor.name == node.input[1]).dims[0]
         tag = f"{node.name}/emulated"
         constants = {
             "sizes": [key_heads * key_size, key_heads * key_size, channels - 2 * key_heads * key_size],
@@ -200,7 +223,7 @@ def convolution_heads_emulated(rewritten: onnx.ModelProto, tiled: bool = False) 
         x, weight, bias, past, *mask = node.input
         q, k, v, present = node.output
         widened = f"{tag}/y" if not mask else f"{tag}/unmasked"
-        nodes += [
+        nodes = [
             helper.make_node("CausalConvWithState", [x, weight, bias, past], [f"{tag}/y/bf16", present], domain=CONTRIB_DOMAIN,
                              activation="silu", channels_last=1),
             helper.make_node("Cast", [f"{tag}/y/bf16"], [widened], to=TensorProto.FLOAT),
@@ -221,9 +244,9 @@ def convolution_heads_emulated(rewritten: onnx.ModelProto, tiled: bool = False) 
                 helper.make_node("Cast", [f"{at}/normalized"], [f"{at}/fp16"], to=TensorProto.FLOAT16),
                 helper.make_node("Reshape", [f"{at}/fp16", f"{tag}/values"], [output]),
             ]  # fmt: skip
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model
+        return nodes
+
+    return spelled_out(rewritten, HEADS_OP, spell)
 
 
 def gemm_float8_emulated(rewritten: onnx.ModelProto) -> onnx.ModelProto:
@@ -231,24 +254,17 @@ def gemm_float8_emulated(rewritten: onnx.ModelProto) -> onnx.ModelProto:
     ``GemmFloat8`` (CUDA only) as what it computes, on the CPU EP: both float8 operands cast to float32 (exact) and
     multiplied by a float32 ``MatMul`` with the weight transposed (``transB=1``); only the accumulation order differs.
     The activation's scaling and float8 cast, and the scales after the product, are the build's own nodes."""
-    model = onnx.ModelProto.FromString(rewritten.SerializeToString())
-    graph = model.graph
-    nodes = []
-    for node in graph.node:
-        if node.op_type != "GemmFloat8":
-            nodes.append(node)
-            continue
+    def spell(node: onnx.NodeProto, _: onnx.GraphProto) -> list[onnx.NodeProto]:
         activation, weight = node.input[:2]
         tag = f"{node.name}/emulated"
-        nodes += [
+        return [
             helper.make_node("Cast", [activation], [f"{tag}/a"], to=TensorProto.FLOAT),
             helper.make_node("Cast", [weight], [f"{tag}/w"], to=TensorProto.FLOAT),
             helper.make_node("Transpose", [f"{tag}/w"], [f"{tag}/wt"], perm=[1, 0]),
             helper.make_node("MatMul", [f"{tag}/a", f"{tag}/wt"], [node.output[0]]),
         ]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model
+
+    return spelled_out(rewritten, "GemmFloat8", spell)
 
 
 def bfloat16_widened(tensor: onnx.TensorProto, directory: Path) -> np.ndarray:

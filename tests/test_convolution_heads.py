@@ -32,6 +32,7 @@ from s1omni.runtime.engine import read_manifest
 from s1omni.runtime.runners.onnxruntime_runner import session_options
 from tests.cli import run_s1omni
 from tests.cuda_builds import convolution_heads_emulated, gated_delta_net_emulated, needs_cuda, short_convolutions_emulated
+from tests.graph_edits import edited, node_making, set_initializer
 from tests.test_bf16_convolutions import LAYERS, assert_cuda_ep_runs_the_rewrite_as_without, emulated_variants
 
 SIZE = 4  # the members' convolution taps, K
@@ -162,21 +163,6 @@ def _unit_model(key_heads: int, value_heads: int, key_size: int, value_size: int
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(OP_DOMAIN, 1)], ir_version=10)
 
 
-def _edited(model: onnx.ModelProto, edit: Callable[[onnx.GraphProto], None]) -> onnx.ModelProto:
-    copy = onnx.ModelProto.FromString(model.SerializeToString())
-    edit(copy.graph)
-    return copy
-
-
-def _node(graph: onnx.GraphProto, output: str) -> onnx.NodeProto:
-    return next(node for node in graph.node if output in node.output)
-
-
-def _initializer(graph: onnx.GraphProto, name: str, values: np.ndarray) -> None:
-    tensor = next(t for t in graph.initializer if t.name == name)
-    tensor.CopyFrom(numpy_helper.from_array(values, name))
-
-
 @pytest.mark.parametrize("heads", [(16, 16, 128, 128), (16, 32, 128, 128)], ids=["0.8B", "4B"])
 def test_only_what_the_op_computes_is_rewritten(heads: tuple[int, int, int, int]) -> None:
     """The 0.8B's layer (no repeat) and the 4B's (each head twice), with and without the mask, become the op; a layer
@@ -192,18 +178,18 @@ def test_only_what_the_op_computes_is_rewritten(heads: tuple[int, int, int, int]
         rule.input[0], rule.input[1] = rule.input[1], rule.input[0]
 
     edits: dict[str, Callable[[onnx.GraphProto], None]] = {
-        "scale": lambda g: _initializer(g, "norm_scale", np.linspace(0.5, 1.5, key_size, dtype=np.float32)),
-        "epsilon": lambda g: _node(g, "k/normalized").attribute[0].CopyFrom(helper.make_attribute("epsilon", 1e-3)),
-        "tiled": lambda g: (_initializer(g, "axis", np.array([2], np.int64)), _initializer(g, "factors", np.array([1, 1, 2, 1, 1], np.int64))),
+        "scale": lambda g: set_initializer(g, "norm_scale", np.linspace(0.5, 1.5, key_size, dtype=np.float32)),
+        "epsilon": lambda g: node_making(g, "k/normalized").attribute[0].CopyFrom(helper.make_attribute("epsilon", 1e-3)),
+        "tiled": lambda g: (set_initializer(g, "axis", np.array([2], np.int64)), set_initializer(g, "factors", np.array([1, 1, 2, 1, 1], np.int64))),
         "read": lambda g: g.output.append(helper.make_tensor_value_info("k/flat", TensorProto.FLOAT, None)),
-        "rule heads": lambda g: _initializer(g, "rule_heads", np.array([0, 0, heads[1] * 2, -1], np.int64)),
+        "rule heads": lambda g: set_initializer(g, "rule_heads", np.array([0, 0, heads[1] * 2, -1], np.int64)),
         "mask": lambda g: next(i for i in g.input if i.name == "mask").CopyFrom(helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["B", 1, "T"])),
         "swapped": swap_rule_inputs,
     }  # fmt: skip
     if heads[0] == heads[1]:  # no repeat in the 0.8B's graph: its "tiled" is the same graph
         del edits["tiled"]
     for name, edit in edits.items():
-        changed = _edited(model, edit)
+        changed = edited(model, edit)
         before = changed.SerializeToString()
         assert use_convolution_heads(changed) == 0 and changed.SerializeToString() == before, (heads, name)
 

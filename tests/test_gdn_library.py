@@ -47,7 +47,7 @@ def test_the_library_builds_for_sm_90_without_a_gpu(library: tuple[Path, dict]) 
     out, facts = library
     assert sorted(path.name for path in out.iterdir()) == [OP_LIBRARY]
     assert facts["arch"] == "sm_90" and facts["shapes"] == [list(TINY_SHAPE)] and facts["fla_version"] == "0.6.0"
-    assert list(facts["kernels"]) == ["cumsum", "kkt_solve", "recompute_w_u", "chunk_states", "output", "silu_product"]
+    assert list(facts["kernels"]) == ["cumsum", "kkt_solve", "recompute_w_u", "chunk_states", "output", "silu_product", "delta_gates"]
     assert facts["kernels"]["chunk_states"]["shared"] > 48 * 1024 or facts["kernels"]["output"]["shared"] > 0
     needed = subprocess.run(["ldd", str(out / OP_LIBRARY)], capture_output=True, text=True, check=True).stdout
     assert "libcuda" not in needed and "libonnxruntime" not in needed
