@@ -22,6 +22,13 @@
 // Outputs: decay, beta [..., H] float32 (ChunkedGatedDeltaRule's decay and beta).
 // Attribute: threshold (float).
 //
+// GatedOutputNorm: a Gated DeltaNet layer's output norm, rmsnorm(o) * weight * silu(z) over each head's D values in
+// float32, rounded once to bfloat16 (s1omni.export.output_norm_kernel).
+// Inputs:  o [..., H, D] float16 (ChunkedGatedDeltaRule's output), z [..., H * D] bfloat16 (the z projection's
+//          product), weight [D] float32.
+// Output:  [N, D] bfloat16, N the product of o's leading dimensions and H (the rows GatedRMSNorm wrote).
+// Attribute: epsilon (float).
+//
 // ResidualRmsNorm: a residual add and the RMSNorm after it (s1omni.export.residual_norm_kernel).
 // Inputs:  residual [..., D] float32, addend [..., D] bfloat16 (a GEMM's product), weight [D] float32.
 // Outputs: normalized [..., D] bfloat16 (the sum's RMSNorm times weight, float32 until rounded once), and the sum
@@ -99,6 +106,11 @@ struct ConvolutionBinary {
   KernelBinary kernel;
 };
 
+struct OutputNormBinary {
+  int64_t block, rows;  // the columns and the heads one program normalizes
+  KernelBinary kernel;
+};
+
 struct HeadsBinary {
   int64_t size, key_size, repeat;        // K, the q/k heads' size, and how many value heads each q/k head feeds
   int64_t block_tokens, block_channels;
@@ -107,8 +119,8 @@ struct HeadsBinary {
 
 }  // namespace s1omni_gdn
 
-// kChunk, kVariants[], kSiluProduct, kSiluBlock, kDeltaGates, kGatesBlock, kResidualNorms[], kShortConvolutions[] and
-// kConvolutionHeads[] with their counts, and kChannelMultiple (the short convolutions' channels)
+// kChunk, kVariants[], kSiluProduct, kSiluBlock, kDeltaGates, kGatesBlock, kResidualNorms[], kShortConvolutions[],
+// kConvolutionHeads[] and kOutputNorms[] with their counts, and kChannelMultiple (the short convolutions' channels)
 #include "gdn_kernels.inc"
 
 namespace s1omni_gdn {
@@ -557,6 +569,51 @@ class ResidualRmsNormKernel : public StatusKernel<ResidualRmsNormKernel> {
   float epsilon_ = 0.f;
 };
 
+class GatedOutputNormKernel : public StatusKernel<GatedOutputNormKernel> {
+ public:
+  static constexpr const char* kName = "GatedOutputNorm";
+
+  GatedOutputNormKernel(const OrtApi& api, const OrtKernelInfo* info) : StatusKernel(api) {
+    Ort::ThrowOnError(api.KernelInfoGetAttribute_float(info, "epsilon", &epsilon_));
+  }
+
+ private:
+  friend class StatusKernel<GatedOutputNormKernel>;
+
+  void compute(OrtKernelContext* raw) {
+    require(driver().error.empty(), driver().error);
+    Ort::KernelContext context(raw);
+    auto o = context.GetInput(0), z = context.GetInput(1), weight = context.GetInput(2);
+    const auto shape = o.GetTensorTypeAndShapeInfo().GetShape();
+    require(shape.size() >= 2, "o is [..., H, D]");
+    const int64_t width = shape.back(), heads = shape[shape.size() - 2];
+    require(weight.GetTensorTypeAndShapeInfo().GetShape() == std::vector<int64_t>{width}, "weight is [D], D o's last axis");
+    std::vector<int64_t> gate(shape.begin(), shape.end() - 1);
+    gate.back() = heads * width;
+    require(z.GetTensorTypeAndShapeInfo().GetShape() == gate, "z is [..., H * D], o's leading axes and its heads' values");
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+    const OutputNormBinary* binary = nullptr;  // the narrowest compiled block that holds a head
+    for (int i = 0; i < kOutputNormsCount; ++i)
+      if (kOutputNorms[i].block >= width && (binary == nullptr || kOutputNorms[i].block < binary->block)) binary = &kOutputNorms[i];
+    require(binary != nullptr, "no kernel in this library for heads of " + std::to_string(width) + " (built for other head sizes)");
+    auto out = context.GetOutput(0, {rows, width});
+    if (rows * width == 0) return;
+    const int64_t programs = (rows + binary->rows - 1) / binary->rows;
+    require(rows <= INT32_MAX && programs <= INT32_MAX, "too many rows for one launch");
+    const CUstream stream = compute_stream(context);
+    const CUdeviceptr o_ptr = pointer_of(o), z_ptr = pointer_of(z), weight_ptr = pointer_of(weight);
+    const auto out_ptr = reinterpret_cast<CUdeviceptr>(out.GetTensorMutableRawData());
+    require_aligned({o_ptr, z_ptr, weight_ptr, out_ptr});
+    const int32_t rows32 = static_cast<int32_t>(rows), width32 = static_cast<int32_t>(width);
+    const CUfunction* functions = modules().functions(stream, &binary->kernel, 1, capturing(stream));
+    launch(binary->kernel, functions[0], stream, {static_cast<unsigned>(programs), 1, 1},
+           {&o_ptr, &z_ptr, &weight_ptr, &out_ptr, &rows32, &width32, &epsilon_});
+  }
+
+  float epsilon_ = 0.f;
+};
+
 // A short convolution node's inputs, checked: x [B, T, C], weight [C, 1, K], bias [C] and past [B, K-1, C] (the last
 // two optional), bfloat16, C a multiple of kChannelMultiple; and the launch facts both convolution kernels share.
 struct Convolution {
@@ -743,6 +800,17 @@ struct ResidualRmsNormOp : CudaOp<ResidualRmsNormOp, ResidualRmsNormKernel> {
   }
 };
 
+struct GatedOutputNormOp : CudaOp<GatedOutputNormOp, GatedOutputNormKernel> {
+  const char* GetName() const { return GatedOutputNormKernel::kName; }
+  size_t GetInputTypeCount() const { return 3; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    if (index == 0) return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    return index == 1 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16; }
+};
+
 struct ShortConvolutionOp : CudaOp<ShortConvolutionOp, ShortConvolutionKernel> {
   const char* GetName() const { return ShortConvolutionKernel::kName; }
   size_t GetInputTypeCount() const { return 4; }
@@ -779,6 +847,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static s1omni_gdn::Op op;
   static s1omni_gdn::SiluProductOp silu_product;
   static s1omni_gdn::DeltaGatesOp delta_gates;
+  static s1omni_gdn::GatedOutputNormOp output_norm;
   static s1omni_gdn::ResidualRmsNormOp residual_rms_norm;
   static s1omni_gdn::ShortConvolutionOp short_convolution;
   static s1omni_gdn::ShortConvolutionHeadsOp convolution_heads;
@@ -790,6 +859,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
     if ((status = api->CustomOpDomain_Add(domain, &op)) != nullptr) return;
     if ((status = api->CustomOpDomain_Add(domain, &silu_product)) != nullptr) return;
     if ((status = api->CustomOpDomain_Add(domain, &delta_gates)) != nullptr) return;
+    if ((status = api->CustomOpDomain_Add(domain, &output_norm)) != nullptr) return;
     if ((status = api->CustomOpDomain_Add(domain, &residual_rms_norm)) != nullptr) return;
     if ((status = api->CustomOpDomain_Add(domain, &short_convolution)) != nullptr) return;
     status = api->CustomOpDomain_Add(domain, &convolution_heads);

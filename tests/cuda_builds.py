@@ -5,6 +5,7 @@ nodes in emulation)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from s1omni.export.convolution_heads import HEADS_OP
 from s1omni.export.cuda_kernels import INPUT_TYPES
 from s1omni.export.delta_gates import GATES_OP
 from s1omni.export.naming import CONTRIB_DOMAIN, OP_TYPE
+from s1omni.export.output_norms import OUTPUT_NORM_OP
 from s1omni.export.residual_norms import NORM_OP
 from s1omni.export.short_convolutions import CONVOLUTION_OP
 from s1omni.export.silu_products import SILU_OP
@@ -102,6 +104,42 @@ def gated_delta_net_emulated(rewritten: onnx.ModelProto, inputs: str) -> onnx.Mo
     return model
 
 
+def microseconds_a_call(session: Any, feeds: dict[str, np.ndarray], warmup: int = 10, calls: int = 200) -> float:
+    """One call of ``session`` (a CUDA EP session) in microseconds, its inputs and outputs on the GPU (bound once):
+    the mean of ``calls`` runs after ``warmup``, ONNX Runtime's own run overhead included."""
+    import onnxruntime
+
+    binding = session.io_binding()
+    for name, value in feeds.items():
+        binding.bind_ortvalue_input(name, onnxruntime.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
+    for output in session.get_outputs():
+        binding.bind_output(output.name, "cuda")
+    for _ in range(warmup):
+        session.run_with_iobinding(binding)
+    started = time.perf_counter()
+    for _ in range(calls):
+        session.run_with_iobinding(binding)
+    return round((time.perf_counter() - started) / calls * 1e6, 2)
+
+
+def op_library_built(export: Path, graph: str, weights: Any, merged: bool, **options: bool) -> onnx.ModelProto:
+    """``graph`` of the fused ``export`` as a ``ChunkedGatedDeltaRule`` bf16 build with fused mixers and the short
+    convolutions writing the rule's q, k and v writes it (``s1omni.export.build``'s own rewrites, ``weights`` its
+    ``Bf16Weights``), with ``options`` (the rewrites' flags: ``fused_delta_gates=True``, ...) on top."""
+    from s1omni.export.build import _graph_rewrites
+
+    model = onnx.load(str(export / f"{graph}.fused.onnx"), load_external_data=False)
+    flags = {"bf16_convolutions": True, "fused_short_convolutions": True, "fused_convolution_heads": True, **options}
+    for rewrite in _graph_rewrites("cuda", OP_TYPE, "fp16", "bf16", "fused", True, merged, weights, weights, True, None, **flags).values():
+        rewrite(model)
+    return model
+
+
+def op_library_on_the_cpu(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``op_library_built``'s graph with its rule, convolutions and convolution heads spelled for the CPU EP."""
+    return gated_delta_net_emulated(short_convolutions_emulated(convolution_heads_emulated(model)), "fp16")
+
+
 def spelled_out(rewritten: onnx.ModelProto, op_type: str, spell: Callable[[onnx.NodeProto, onnx.GraphProto], list[onnx.NodeProto]]) -> onnx.ModelProto:
     """A copy of ``rewritten`` with each ``op_type`` node replaced by the nodes ``spell`` gives for it (given the node and
     the copy's graph, to which it may add initializers)."""
@@ -166,6 +204,32 @@ def delta_gates_emulated(rewritten: onnx.ModelProto, swap: bool = False) -> onnx
         ]
 
     return spelled_out(rewritten, GATES_OP, spell)
+
+
+def output_norms_emulated(rewritten: onnx.ModelProto, gated: bool = True) -> onnx.ModelProto:
+    """A copy of ``rewritten`` with each ``GatedOutputNorm`` (CUDA only) spelled as the graph had it: the rule's output
+    and the z product cast to float32 and reshaped to the ``[N, D]`` heads, ``GatedRMSNorm`` (silu), the result cast to
+    bfloat16. ``gated=False`` leaves the gate out (a plain RMSNorm), for a test that must tell."""
+    def spell(node: onnx.NodeProto, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+        tag = f"{node.name}/emulated"
+        o, z, weight = node.input
+        width = next(tensor for tensor in graph.initializer if tensor.name == weight).dims[0]
+        graph.initializer.append(numpy_helper.from_array(np.array([-1, width], np.int64), f"{tag}/heads"))
+        norm = (helper.make_node("GatedRMSNorm", [f"{tag}/x", weight, f"{tag}/z"], [f"{tag}/y"], domain=CONTRIB_DOMAIN, activation="silu",
+                                 epsilon=node.attribute[0].f)
+                if gated else
+                helper.make_node("SimplifiedLayerNormalization", [f"{tag}/x", weight], [f"{tag}/y"], axis=-1, epsilon=node.attribute[0].f,
+                                 stash_type=1))  # fmt: skip
+        return [
+            helper.make_node("Cast", [o], [f"{tag}/o"], to=TensorProto.FLOAT),
+            helper.make_node("Reshape", [f"{tag}/o", f"{tag}/heads"], [f"{tag}/x"]),
+            helper.make_node("Cast", [z], [f"{tag}/z32"], to=TensorProto.FLOAT),
+            helper.make_node("Reshape", [f"{tag}/z32", f"{tag}/heads"], [f"{tag}/z"]),
+            norm,
+            helper.make_node("Cast", [f"{tag}/y"], list(node.output), to=TensorProto.BFLOAT16),
+        ]
+
+    return spelled_out(rewritten, OUTPUT_NORM_OP, spell)
 
 
 def residual_norms_emulated(rewritten: onnx.ModelProto, add: bool = True) -> onnx.ModelProto:

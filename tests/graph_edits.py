@@ -25,3 +25,15 @@ def node_making(graph: onnx.GraphProto, output: str) -> onnx.NodeProto:
 def set_initializer(graph: onnx.GraphProto, name: str, values: np.ndarray) -> None:
     """The initializer ``name`` of ``graph`` replaced by ``values``."""
     next(tensor for tensor in graph.initializer if tensor.name == name).CopyFrom(numpy_helper.from_array(values, name))
+
+
+def rewritten_edits(model: onnx.ModelProto, edits: dict[str, Callable[[onnx.GraphProto], None]],
+                    rewrite: Callable[[onnx.ModelProto], int]) -> list[str]:  # fmt: skip
+    """The names of ``edits`` whose edited copy of ``model`` ``rewrite`` changed (none, where it refuses them all)."""
+    changed = []
+    for name, edit in edits.items():
+        copy = edited(model, edit)
+        before = copy.SerializeToString()
+        if rewrite(copy) != 0 or copy.SerializeToString() != before:
+            changed.append(name)
+    return changed

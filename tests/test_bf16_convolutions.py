@@ -24,7 +24,7 @@ from s1omni.runtime.runners.base import text_positions
 from s1omni.runtime.engine import read_manifest
 from s1omni.runtime.runners.onnxruntime_runner import session_options
 from tests.cli import run_s1omni
-from tests.cuda_builds import bfloat16_emulated, needs_cuda
+from tests.cuda_builds import bfloat16_emulated, needs_cuda, op_library_built, op_library_on_the_cpu
 
 LAYERS = 3  # the tiny member's Gated DeltaNet layers
 
@@ -131,6 +131,22 @@ def emulated_variants(export: Path, directory: Path, built: Callable[[str, Bf16W
 
     outputs = {name: emulated_outputs(export, directory / name, spelled(spelling)) for name, spelling in spellings.items()}
     return {**outputs, "graph": emulated_outputs(export, directory / "graph", lambda graph, weights: built(graph, weights, False))}
+
+
+def assert_the_op_spelled_back_is_the_graph(export: Path, directory: Path, merged: bool, option: str,
+                                            spell: Callable[[onnx.ModelProto], onnx.ModelProto],
+                                            wrong: Callable[[onnx.ModelProto], onnx.ModelProto]) -> None:  # fmt: skip
+    """Prefill, then continue from its state, through ``op_library_built``'s graphs with the rewrite ``option`` (a
+    ``_graph_rewrites`` flag) and its op spelled back for the CPU EP by ``spell``: every output the same bit for bit as
+    the graphs without the rewrite; spelled ``wrong`` (a mistake the test must catch), not."""
+    def built(graph: str, weights: Bf16Weights, rewrite: bool) -> onnx.ModelProto:
+        model = op_library_built(export, graph, weights, merged, **{option: rewrite})
+        return model if rewrite else op_library_on_the_cpu(model)
+
+    spellings = {"op": lambda model: op_library_on_the_cpu(spell(model)), "wrong": lambda model: op_library_on_the_cpu(wrong(model))}
+    outputs = emulated_variants(export, directory, built, spellings)
+    assert all(np.array_equal(a, b) for a, b in zip(outputs["op"], outputs["graph"], strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(outputs["wrong"], outputs["graph"], strict=True))
 
 
 @pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +21,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.bf16_gemms import Bf16Weights, bfloat16_bits
-from s1omni.export.build import _graph_rewrites
 from s1omni.export.convolution_heads import HEADS_OP, head_kernels, use_convolution_heads
 from s1omni.export.fla_kernels import compile_kernel
 from s1omni.export.gdn_library import convolution_heads_spec
@@ -31,8 +29,9 @@ from s1omni.export.short_convolutions import CONVOLUTION_OP
 from s1omni.runtime.engine import read_manifest
 from s1omni.runtime.runners.onnxruntime_runner import session_options
 from tests.cli import run_s1omni
-from tests.cuda_builds import convolution_heads_emulated, gated_delta_net_emulated, needs_cuda, short_convolutions_emulated
-from tests.graph_edits import edited, node_making, set_initializer
+from tests.cuda_builds import (convolution_heads_emulated, gated_delta_net_emulated, microseconds_a_call, needs_cuda, op_library_built,
+                               short_convolutions_emulated)  # fmt: skip
+from tests.graph_edits import node_making, rewritten_edits, set_initializer
 from tests.test_bf16_convolutions import LAYERS, assert_cuda_ep_runs_the_rewrite_as_without, emulated_variants
 
 SIZE = 4  # the members' convolution taps, K
@@ -41,14 +40,7 @@ CUDA = [("CUDAExecutionProvider", {"use_tf32": 0}), "CPUExecutionProvider"]
 
 
 def _built(export: Path, graph: str, weights: Bf16Weights, merged: bool, heads: bool) -> onnx.ModelProto:
-    """``graph`` as a ``ChunkedGatedDeltaRule`` bf16 build with fused mixers and the short convolutions as the op
-    library's writes it (``s1omni.export.build``'s own rewrites), with or without ``--fused-convolution-heads``."""
-    model = onnx.load(str(export / f"{graph}.fused.onnx"), load_external_data=False)
-    rewrites = _graph_rewrites("cuda", OP_TYPE, "fp16", "bf16", "fused", True, merged, weights, weights, True, None, bf16_convolutions=True,
-                               fused_short_convolutions=True, fused_convolution_heads=heads)  # fmt: skip
-    for rewrite in rewrites.values():
-        rewrite(model)
-    return model
+    return op_library_built(export, graph, weights, merged, fused_convolution_heads=heads)
 
 
 def _on_the_cpu(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -188,10 +180,7 @@ def test_only_what_the_op_computes_is_rewritten(heads: tuple[int, int, int, int]
     }  # fmt: skip
     if heads[0] == heads[1]:  # no repeat in the 0.8B's graph: its "tiled" is the same graph
         del edits["tiled"]
-    for name, edit in edits.items():
-        changed = edited(model, edit)
-        before = changed.SerializeToString()
-        assert use_convolution_heads(changed) == 0 and changed.SerializeToString() == before, (heads, name)
+    assert rewritten_edits(model, edits, use_convolution_heads) == [], heads
 
 
 def test_the_build_option_needs_its_prerequisites(exported: Path, tmp_path: Path, cuda_engine: Callable[..., tuple[Path, str]]) -> None:
@@ -378,17 +367,7 @@ def test_the_op_s_time_beside_the_graph_s(gpu_library: Path, capsys: pytest.Capt
         for tokens in (600, 2048):
             inputs = _inputs(np.random.default_rng(tokens), 1, tokens, heads, False, True, False)
             for variant, session in _unit_sessions(gpu_library, inputs, heads).items():
-                binding = session.io_binding()
-                for feed, value in _feeds(inputs).items():
-                    binding.bind_ortvalue_input(feed, onnxruntime.OrtValue.ortvalue_from_numpy(value, "cuda", 0))
-                for output in session.get_outputs():
-                    binding.bind_output(output.name, "cuda")
-                for _ in range(10):
-                    session.run_with_iobinding(binding)
-                started = time.perf_counter()
-                for _ in range(200):
-                    session.run_with_iobinding(binding)
-                timings[f"{variant} {name} T={tokens}"] = round((time.perf_counter() - started) / 200 * 1e6, 2)
+                timings[f"{variant} {name} T={tokens}"] = microseconds_a_call(session, _feeds(inputs))
     with capsys.disabled():
         print(f"\nconvolution heads, us a call (the input casts included): {json.dumps(timings)}")
 

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -23,16 +22,14 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from s1omni.export.bf16_gemms import Bf16Weights
-from s1omni.export.build import _graph_rewrites
 from s1omni.export.delta_gates import GATES_OP, use_delta_gates
 from s1omni.export.naming import OP_DOMAIN, OP_TYPE
 from s1omni.runtime.engine import read_manifest
 from s1omni.runtime.runners.onnxruntime_runner import session_options
 from tests.cli import run_s1omni
-from tests.cuda_builds import (convolution_heads_emulated, delta_gates_emulated, gated_delta_net_emulated, needs_cuda,
-                               short_convolutions_emulated)  # fmt: skip
-from tests.graph_edits import edited, node_making, set_initializer
-from tests.test_bf16_convolutions import LAYERS, assert_cuda_ep_runs_the_rewrite_as_without, emulated_variants
+from tests.cuda_builds import delta_gates_emulated, microseconds_a_call, needs_cuda, op_library_built
+from tests.graph_edits import node_making, rewritten_edits, set_initializer
+from tests.test_bf16_convolutions import LAYERS, assert_cuda_ep_runs_the_rewrite_as_without, assert_the_op_spelled_back_is_the_graph
 
 CUDA = [("CUDAExecutionProvider", {"use_tf32": 0}), "CPUExecutionProvider"]
 THRESHOLD = 20.0  # torch's softplus threshold, which the export keeps
@@ -40,18 +37,7 @@ GATE_NODES = {"Cast": 2, "Add": 1, "Softplus": 1, "Greater": 1, "Where": 1, "Mul
 
 
 def _built(export: Path, graph: str, weights: Bf16Weights, merged: bool, gates: bool) -> onnx.ModelProto:
-    """``graph`` as a ``ChunkedGatedDeltaRule`` bf16 build with the short convolutions writing the rule's q, k and v
-    writes it (``s1omni.export.build``'s own rewrites), with or without ``--fused-delta-gates``."""
-    model = onnx.load(str(export / f"{graph}.fused.onnx"), load_external_data=False)
-    rewrites = _graph_rewrites("cuda", OP_TYPE, "fp16", "bf16", "fused", True, merged, weights, weights, True, None, bf16_convolutions=True,
-                               fused_short_convolutions=True, fused_convolution_heads=True, fused_delta_gates=gates)  # fmt: skip
-    for rewrite in rewrites.values():
-        rewrite(model)
-    return model
-
-
-def _on_the_cpu(model: onnx.ModelProto) -> onnx.ModelProto:
-    return gated_delta_net_emulated(short_convolutions_emulated(convolution_heads_emulated(model)), "fp16")
+    return op_library_built(export, graph, weights, merged, fused_delta_gates=gates)
 
 
 @pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])
@@ -59,15 +45,8 @@ def test_the_op_computes_what_the_graph_did(external_export: Path, tmp_path: Pat
     """Prefill (left-padded rows: the mask) then continue from its state: every output of the rewritten graphs, the op
     spelled back, the same bit for bit as the graphs without the rewrite; an op reading a and b the other way round is
     told apart."""
-    def built(graph: str, weights: Bf16Weights, gates: bool) -> onnx.ModelProto:
-        model = _built(external_export, graph, weights, merged, gates)
-        return model if gates else _on_the_cpu(model)
-
-    spellings = {"op": lambda model: _on_the_cpu(delta_gates_emulated(model)),
-                 "swapped": lambda model: _on_the_cpu(delta_gates_emulated(model, swap=True))}  # fmt: skip
-    outputs = emulated_variants(external_export, tmp_path, built, spellings)
-    assert all(np.array_equal(a, b) for a, b in zip(outputs["op"], outputs["graph"], strict=True))
-    assert not all(np.array_equal(a, b) for a, b in zip(outputs["swapped"], outputs["graph"], strict=True))
+    assert_the_op_spelled_back_is_the_graph(external_export, tmp_path, merged, "fused_delta_gates", delta_gates_emulated,
+                                            lambda model: delta_gates_emulated(model, swap=True))
 
 
 @pytest.mark.parametrize("merged", [True, False], ids=["merged", "unmerged"])
@@ -154,10 +133,7 @@ def test_only_what_the_op_computes_is_rewritten(heads: int) -> None:
         "mask": lambda g: next(i for i in g.input if i.name == "mask").CopyFrom(helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["B", 1, "T"])),
         "rule": lambda g: _swap_inputs(node_making(g, "out"), 3, 4),
     }  # fmt: skip
-    for name, edit in edits.items():
-        changed = edited(model, edit)
-        before = changed.SerializeToString()
-        assert use_delta_gates(changed) == 0 and changed.SerializeToString() == before, (heads, name)
+    assert rewritten_edits(model, edits, use_delta_gates) == [], heads
 
 
 def test_the_build_option_needs_the_op_library(exported: Path, tmp_path: Path, cuda_engine: Callable[..., tuple[Path, str]]) -> None:
@@ -305,22 +281,16 @@ def test_the_op_computes_float64_s_gates_on_the_gpu(gpu_library: Path, heads: in
 @needs_cuda
 def test_the_op_s_time_beside_the_graph_s(gpu_library: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Printed for the record, asserting only that both ran: one session call of the gates as ONNX Runtime's nodes and as
-    the op, at the 0.8B's and the 4B's value heads, 600 and 2,048 tokens, masked as the prefill graph (200 calls each
-    after 20; the session's own overhead included in both)."""
+    the op, at the 0.8B's and the 4B's value heads, 600 and 2,048 tokens, masked as the prefill graph
+    (``tests.cuda_builds.microseconds_a_call``: inputs and outputs on the GPU, the session's own overhead included)."""
     timings = {}
     for heads in (16, 32):
         for tokens in (600, 2048):
             inputs = _unit_inputs(np.random.default_rng(0), 1, tokens, heads, True)
             for variant, session in _unit_sessions(gpu_library, heads, True).items():
-                feeds = _unit_feeds(inputs, session)
-                for _ in range(20):
-                    session.run(None, feeds)
-                started = time.perf_counter()
-                for _ in range(200):
-                    session.run(None, feeds)
-                timings[f"{variant} H={heads} T={tokens}"] = round((time.perf_counter() - started) / 200 * 1e6, 2)
+                timings[f"{variant} H={heads} T={tokens}"] = microseconds_a_call(session, _unit_feeds(inputs, session))
     with capsys.disabled():
-        print(f"\ndelta gates, us a call (copies of the inputs included): {json.dumps(timings)}")
+        print(f"\ndelta gates, us a call: {json.dumps(timings)}")
     assert len(timings) == 8
 
 
