@@ -75,12 +75,12 @@ def check(settings: Settings, manifests: Sequence[dict[str, Any]]) -> None:
 
 
 def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
-    """``reference``, then ``backend/target[/kernel][/precision][/unfused][/graphs][/gdn16][/merged][/mixers][/convs][/gates][/onorms][/silu][/norms]`` per
+    """``reference``, then ``backend/target[/kernel][/precision][/unfused][/graphs][/gdn16][/merged][/mixers][/convs][/gates][/onorms][/silu][/norms][/rotary]`` per
     engine, the precision where it is not float32, ``unfused`` for a CUDA build without op fusion, ``graphs`` for one
     replaying CUDA graphs, ``gdn16`` and ``merged`` for a bf16 build with float16 GatedDeltaNet inputs or merged
     projections, ``mixers`` and ``attn`` for one with fused mixers or attention (``mixers16``: its short convolutions in
     bfloat16; ``attn16``: the attention's q/k/v in float16), ``convs`` for one with those short convolutions as the op
-    library's (``convheads``: writing the rule's q, k and v), ``gates`` for one with the rule's gates as its op, ``onorms`` for one with its output norms as its op, ``silu`` for one with its MLPs' SiLU products fused, ``norms`` for one with its residual norms fused,
+    library's (``convheads``: writing the rule's q, k and v), ``gates`` for one with the rule's gates as its op, ``onorms`` for one with its output norms as its op, ``rotary`` for one with the attention's head norms and rotary embeddings as its op, ``silu`` for one with its MLPs' SiLU products fused, ``norms`` for one with its residual norms fused,
     ``vgraphs`` for one replaying its vision tower as CUDA graphs; numbered where two engines share one)."""
     names = [REFERENCE]
     for manifest in manifests:
@@ -93,12 +93,13 @@ def subject_names(manifests: Sequence[dict[str, Any]]) -> list[str]:
         convolutions = ("convheads" if manifest.get("fused_convolution_heads") else "convs") if manifest.get("fused_short_convolutions") else None
         gates = "gates" if manifest.get("fused_delta_gates") else None
         output_norms = "onorms" if manifest.get("fused_output_norms") else None
+        rotary = "rotary" if manifest.get("fused_head_rotary") else None
         silu = "silu" if manifest.get("fused_silu") else None
         norms = "norms" if manifest.get("fused_residual_norms") else None
         attention = ("attn16" if manifest.get("attention_inputs") == "fp16" else "attn") if manifest.get("fused_attention") else None
         vision_graphs = "vgraphs" if manifest.get("vision_cuda_graphs") else None
         parts = (manifest["backend"], manifest["target"], manifest.get("gated_delta_kernel"), precision, unfused, graphs, gdn16, merged, mixers,
-                 convolutions, gates, output_norms, silu, norms, attention, vision_graphs)  # fmt: skip
+                 convolutions, gates, output_norms, silu, norms, rotary, attention, vision_graphs)  # fmt: skip
         name = "/".join(part for part in parts if part)
         names.append(name if name not in names else f"{name}#{len(names)}")
     return names

@@ -127,6 +127,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "library, reading the rule's float16 output and the z product, writing the out projection's bfloat16 input",
     )
     parser.add_argument(
+        "--fused-head-rotary",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in, not yet run on a GPU: each full-attention layer's q and k "
+        "head norm, transpose and partial rotary embedding (a dozen nodes each) as one HeadNormRotary of the engine's op library",
+    )
+    parser.add_argument(
         "--fused-attention",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -172,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         fused_attention=args.fused_attention, attention_inputs=args.attention_inputs, vision_cuda_graphs=args.vision_cuda_graphs,
         cuda_arch=args.cuda_arch, fused_silu=args.fused_silu, fused_residual_norms=args.fused_residual_norms,
         fused_short_convolutions=args.fused_short_convolutions, fused_convolution_heads=args.fused_convolution_heads,
-        fused_delta_gates=args.fused_delta_gates, fused_output_norms=args.fused_output_norms,
+        fused_delta_gates=args.fused_delta_gates, fused_output_norms=args.fused_output_norms, fused_head_rotary=args.fused_head_rotary,
     )  # fmt: skip
     manifest = read_manifest(out)
     result = {"engine": str(out), **build_facts(manifest), "member": manifest["member"]}

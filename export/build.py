@@ -56,6 +56,7 @@ from .bf16_convolutions import short_convolutions_in_bf16
 from .residual_norms import NORM_OP, fuse_residual_norms, norm_widths
 from .convolution_heads import HEADS_OP, head_kernels, use_convolution_heads
 from .delta_gates import GATES_OP, use_delta_gates
+from .head_rotary import HEAD_ROTARY_OP, head_rotary_widths, use_head_rotary
 from .output_norms import OUTPUT_NORM_OP, output_norm_widths, use_output_norms
 from .short_convolutions import CONVOLUTION_OP, kernel_sizes, use_convolution_op
 from .silu_products import SILU_OP, fuse_silu_products
@@ -137,6 +138,7 @@ def _graph_rewrites(
     weights: Bf16Weights, fp8_weights: Bf16Weights, mixers: bool, attention: str | None, bf16_convolutions: bool = False,
     fused_silu: bool = False, fused_residual_norms: bool = False, fused_short_convolutions: bool = False,
     fused_convolution_heads: bool = False, fused_delta_gates: bool = False, fused_output_norms: bool = False,
+    fused_head_rotary: bool = False,
 ) -> dict[str, Callable[[onnx.ModelProto], int]]:
     """What a build rewrites in each backbone graph, in order: on the CPU its exponentials in float64
     (``s1omni.export.cpu_exp``), else the Gated DeltaNet kernel (its q/k/v in
@@ -146,8 +148,9 @@ def _graph_rewrites(
     on the GEMMs' bfloat16 products (``s1omni.export.bf16_convolutions``; then as the op library's, with
     ``s1omni.export.short_convolutions``, those that make the Gated DeltaNet rule's q, k and v writing them with
     ``s1omni.export.convolution_heads``), the rule's gates (``s1omni.export.delta_gates``) and output norms
-    (``s1omni.export.output_norms``), the MLPs' SiLU products (``s1omni.export.silu_products``) and the residual adds with
-    their norms (``s1omni.export.residual_norms``)."""
+    (``s1omni.export.output_norms``), the attention's head norms and rotary embeddings (``s1omni.export.head_rotary``),
+    the MLPs' SiLU products (``s1omni.export.silu_products``) and the residual adds with their norms
+    (``s1omni.export.residual_norms``)."""
     rewrites: dict[str, Callable[[onnx.ModelProto], int]] = {}
     if target == "cpu":
         rewrites["float64 Exp nodes"] = exp_in_float64
@@ -179,6 +182,8 @@ def _graph_rewrites(
         rewrites[f"{GATES_OP} nodes"] = use_delta_gates
     if fused_output_norms:
         rewrites[f"{OUTPUT_NORM_OP} nodes"] = use_output_norms
+    if fused_head_rotary:
+        rewrites[f"{HEAD_ROTARY_OP} nodes"] = use_head_rotary
     if fused_silu:
         rewrites[f"{SILU_OP} nodes"] = fuse_silu_products
     if fused_residual_norms:
@@ -248,6 +253,7 @@ def build(
     fused_convolution_heads: bool = False,
     fused_delta_gates: bool = False,
     fused_output_norms: bool = False,
+    fused_head_rotary: bool = False,
 ) -> Path:
     """Build the engine and return its directory. ONNX Runtime CUDA only: ``precision`` (``ORT_PRECISIONS``),
     ``kernel``, the contrib op the fused Gated DeltaNet graphs run (``s1omni.export.cuda_kernels.KERNELS``),
@@ -267,7 +273,8 @@ def build(
     make the rule's q, k and v as its ``ShortConvolutionHeads`` (``s1omni.export.convolution_heads``), and
     ``fused_delta_gates``, the rule's decay and beta as its ``GatedDeltaGates`` (``s1omni.export.delta_gates``), and
     ``fused_output_norms``, the Gated DeltaNet output norms as its ``GatedOutputNorm`` (``s1omni.export.output_norms``;
-    with ``fused_mixers``)."""
+    with ``fused_mixers``), and ``fused_head_rotary``, the attention's q and k head norms and rotary embeddings as its
+    ``HeadNormRotary`` (``s1omni.export.head_rotary``)."""
     export_dir = Path(export_dir)
     manifest = read_stage(export_dir, "export")
     out = Path(out) if out else default_engine_dir(manifest, backend, target)
@@ -317,7 +324,7 @@ def build(
             inputs = _gated_delta_inputs(gated_delta_inputs, kernel, precision)
             for option, asked in (("--fused-silu", fused_silu), ("--fused-residual-norms", fused_residual_norms),
                                   ("--fused-short-convolutions", fused_short_convolutions), ("--fused-delta-gates", fused_delta_gates),
-                                  ("--fused-output-norms", fused_output_norms)):
+                                  ("--fused-output-norms", fused_output_norms), ("--fused-head-rotary", fused_head_rotary)):
                 if asked and kernel != OP_TYPE:
                     raise UsageError(f"{option} runs the op library of --gated-delta-kernel {OP_TYPE}: add it (--precision bf16)")
             if cuda_arch is not None and kernel != OP_TYPE:
@@ -335,12 +342,13 @@ def build(
             sizes: list[int] = []
             heads: list[tuple[int, int, int]] = []
             output_widths: list[int] = []
+            rotary_widths: list[int] = []
             merged_projections = merged_projections and precision == "bf16"
             attention = _attention_inputs(attention_inputs, fused_attention, precision)
             rewrites = _graph_rewrites(target, kernel, inputs, precision, recurrence, op_fusion, merged_projections,
                                        Bf16Weights(export_dir, stage), Bf16Weights(export_dir, stage, FP8_FILE), fused_mixers, attention,
                                        bf16_convolutions, fused_silu, fused_residual_norms, fused_short_convolutions,
-                                       fused_convolution_heads, fused_delta_gates, fused_output_norms)  # fmt: skip
+                                       fused_convolution_heads, fused_delta_gates, fused_output_norms, fused_head_rotary)  # fmt: skip
             for name, source in progress.track(files.items(), f"onnxruntime/{target} files", unit="file"):
                 if rewrites and name in BACKBONE_FILES:
                     progress.note(f"onnxruntime/{target}: {source} -> {name}: {', '.join(rewrites)} ...")
@@ -358,6 +366,8 @@ def build(
                         heads += head_kernels(graph)
                     if fused_output_norms:
                         output_widths += output_norm_widths(graph)
+                    if fused_head_rotary:
+                        rotary_widths += head_rotary_widths(graph)
                     onnx.save(graph, str(stage / name))
                     progress.note(f"onnxruntime/{target}: {name}: {done}")
                     continue
@@ -374,7 +384,7 @@ def build(
             library = None
             if kernel == OP_TYPE:
                 progress.note(f"onnxruntime/{target}: compiling {OP_TYPE} for sm_{cuda_arch}, head shapes {sorted(set(shapes))} ...")
-                library = build_library(stage, shapes, cuda_arch, widths, sizes, heads, output_widths)
+                library = build_library(stage, shapes, cuda_arch, widths, sizes, heads, output_widths, rotary_widths)
                 progress.note(f"onnxruntime/{target}: {library['library']} (Triton {library['triton_version']}, fla {library['fla_version']})")
             record = {
                 "backend": "onnxruntime",
@@ -396,6 +406,7 @@ def build(
                 "fused_convolution_heads": fused_convolution_heads,
                 "fused_delta_gates": fused_delta_gates,
                 "fused_output_norms": fused_output_norms,
+                "fused_head_rotary": fused_head_rotary,
                 "fused_attention": fused_attention,
                 "attention_inputs": attention,
                 "cuda_graphs": cuda_graphs,

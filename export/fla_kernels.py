@@ -46,6 +46,7 @@ class KernelSpec:
     num_warps: int = 4
     num_stages: int = 2
     multiples: dict[str, int] = field(default_factory=dict)  # integer parameters the launcher passes as multiples of these
+    fp_fusion: bool = True  # products and sums fused into FMAs (off where each is to round as ONNX Runtime's own nodes do)
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,8 @@ def compile_kernel(spec: KernelSpec, arch: int) -> CompiledKernel:
     source = ASTSource(fn=kernel, constexprs=dict(spec.constants), signature=signature, attrs=attrs)
     target = GPUTarget("cuda", arch, 32)
     backend = triton.compiler.make_backend(target)
-    # Fused multiply-adds as Triton has always made them (its default changes in 3.10).
-    options = backend.parse_options({"num_warps": spec.num_warps, "num_stages": spec.num_stages, "enable_fp_fusion": True})
+    # Fused multiply-adds as Triton has always made them (its default changes in 3.10), where the spec allows them.
+    options = backend.parse_options({"num_warps": spec.num_warps, "num_stages": spec.num_stages, "enable_fp_fusion": spec.fp_fusion})
     compiled = triton.compile(source, target=target, options=options.__dict__)
     if getattr(compiled.metadata, "global_scratch_size", 0) or getattr(compiled.metadata, "profile_scratch_size", 0):
         raise RuntimeError(f"{spec.function}: needs Triton's scratch memory, which this launcher does not provide")

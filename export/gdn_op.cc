@@ -29,6 +29,13 @@
 // Output:  [N, D] bfloat16, N the product of o's leading dimensions and H (the rows GatedRMSNorm wrote).
 // Attribute: epsilon (float).
 //
+// HeadNormRotary: a full-attention layer's q or k head norm and partial rotary embedding, head-major
+// (s1omni.export.head_rotary_kernel): each head RMS-normalized times weight in float32, its first R values rotated
+// (x * cos + rotate_half(x) * sin), the rest passed.
+// Inputs:  x [B, T, H, D] float32, weight [D] float32, cos and sin [B, 1, T, R] float32 (R even, at most D).
+// Output:  [B, H, T, D] float32.
+// Attribute: epsilon (float).
+//
 // ResidualRmsNorm: a residual add and the RMSNorm after it (s1omni.export.residual_norm_kernel).
 // Inputs:  residual [..., D] float32, addend [..., D] bfloat16 (a GEMM's product), weight [D] float32.
 // Outputs: normalized [..., D] bfloat16 (the sum's RMSNorm times weight, float32 until rounded once), and the sum
@@ -120,7 +127,8 @@ struct HeadsBinary {
 }  // namespace s1omni_gdn
 
 // kChunk, kVariants[], kSiluProduct, kSiluBlock, kDeltaGates, kGatesBlock, kResidualNorms[], kShortConvolutions[],
-// kConvolutionHeads[] and kOutputNorms[] with their counts, and kChannelMultiple (the short convolutions' channels)
+// kConvolutionHeads[], kOutputNorms[] and kHeadRotaries[] with their counts, and kChannelMultiple (the short
+// convolutions' channels)
 #include "gdn_kernels.inc"
 
 namespace s1omni_gdn {
@@ -203,6 +211,15 @@ CUstream compute_stream(Ort::KernelContext& context) {
 void require_aligned(std::initializer_list<CUdeviceptr> pointers, const char* which = "a tensor") {
   for (CUdeviceptr p : pointers)
     require(p % 16 == 0, std::string(which) + " is not 16-byte aligned (the kernels were compiled for aligned pointers)");
+}
+
+// The entry of a table of compiled blocks with the narrowest block that holds `width` values; null where none does.
+template <typename Binary>
+const Binary* narrowest(const Binary* table, int count, int64_t width) {
+  const Binary* found = nullptr;
+  for (int i = 0; i < count; ++i)
+    if (table[i].block >= width && (found == nullptr || table[i].block < found->block)) found = &table[i];
+  return found;
 }
 
 // An input's device pointer; an absent optional input's is 0.
@@ -543,9 +560,7 @@ class ResidualRmsNormKernel : public StatusKernel<ResidualRmsNormKernel> {
     require(addend.GetTensorTypeAndShapeInfo().GetShape() == shape, "addend's shape is residual's");
     const int64_t width = shape.back();
     require(weight.GetTensorTypeAndShapeInfo().GetShape() == std::vector<int64_t>{width}, "weight is [D], D residual's last axis");
-    const NormBinary* binary = nullptr;  // the narrowest compiled block that holds a row
-    for (int i = 0; i < kResidualNormsCount; ++i)
-      if (kResidualNorms[i].block >= width && (binary == nullptr || kResidualNorms[i].block < binary->block)) binary = &kResidualNorms[i];
+    const NormBinary* binary = narrowest(kResidualNorms, kResidualNormsCount, width);
     require(binary != nullptr, "no kernel in this library for rows of " + std::to_string(width) + " (built for other hidden sizes)");
     int64_t rows = 1;
     for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
@@ -593,9 +608,7 @@ class GatedOutputNormKernel : public StatusKernel<GatedOutputNormKernel> {
     require(z.GetTensorTypeAndShapeInfo().GetShape() == gate, "z is [..., H * D], o's leading axes and its heads' values");
     int64_t rows = 1;
     for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
-    const OutputNormBinary* binary = nullptr;  // the narrowest compiled block that holds a head
-    for (int i = 0; i < kOutputNormsCount; ++i)
-      if (kOutputNorms[i].block >= width && (binary == nullptr || kOutputNorms[i].block < binary->block)) binary = &kOutputNorms[i];
+    const OutputNormBinary* binary = narrowest(kOutputNorms, kOutputNormsCount, width);
     require(binary != nullptr, "no kernel in this library for heads of " + std::to_string(width) + " (built for other head sizes)");
     auto out = context.GetOutput(0, {rows, width});
     if (rows * width == 0) return;
@@ -609,6 +622,49 @@ class GatedOutputNormKernel : public StatusKernel<GatedOutputNormKernel> {
     const CUfunction* functions = modules().functions(stream, &binary->kernel, 1, capturing(stream));
     launch(binary->kernel, functions[0], stream, {static_cast<unsigned>(programs), 1, 1},
            {&o_ptr, &z_ptr, &weight_ptr, &out_ptr, &rows32, &width32, &epsilon_});
+  }
+
+  float epsilon_ = 0.f;
+};
+
+class HeadNormRotaryKernel : public StatusKernel<HeadNormRotaryKernel> {
+ public:
+  static constexpr const char* kName = "HeadNormRotary";
+
+  HeadNormRotaryKernel(const OrtApi& api, const OrtKernelInfo* info) : StatusKernel(api) {
+    Ort::ThrowOnError(api.KernelInfoGetAttribute_float(info, "epsilon", &epsilon_));
+  }
+
+ private:
+  friend class StatusKernel<HeadNormRotaryKernel>;
+
+  void compute(OrtKernelContext* raw) {
+    require(driver().error.empty(), driver().error);
+    Ort::KernelContext context(raw);
+    auto x = context.GetInput(0), weight = context.GetInput(1), cos = context.GetInput(2), sin = context.GetInput(3);
+    const auto shape = x.GetTensorTypeAndShapeInfo().GetShape();
+    require(shape.size() == 4, "x is [B, T, H, D]");
+    const int64_t batch = shape[0], tokens = shape[1], heads = shape[2], width = shape[3];
+    require(weight.GetTensorTypeAndShapeInfo().GetShape() == std::vector<int64_t>{width}, "weight is [D], D x's last axis");
+    const auto angles = cos.GetTensorTypeAndShapeInfo().GetShape();
+    require(angles.size() == 4 && angles[0] == batch && angles[1] == 1 && angles[2] == tokens && angles[3] % 2 == 0 && angles[3] <= width,
+            "cos is [B, 1, T, R], R even and at most D");
+    require(sin.GetTensorTypeAndShapeInfo().GetShape() == angles, "sin's shape is cos's");
+    const NormBinary* binary = narrowest(kHeadRotaries, kHeadRotariesCount, width);
+    require(binary != nullptr, "no kernel in this library for heads of " + std::to_string(width) + " (built for other head sizes)");
+    auto out = context.GetOutput(0, {batch, heads, tokens, width});
+    const int64_t rows = batch * tokens * heads;
+    if (rows * width == 0) return;
+    require(rows <= INT32_MAX && tokens <= INT32_MAX, "too many heads for one launch");
+    const CUstream stream = compute_stream(context);
+    const CUdeviceptr x_ptr = pointer_of(x), weight_ptr = pointer_of(weight), cos_ptr = pointer_of(cos), sin_ptr = pointer_of(sin);
+    const auto out_ptr = reinterpret_cast<CUdeviceptr>(out.GetTensorMutableRawData());
+    require_aligned({x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr});
+    const int32_t heads32 = static_cast<int32_t>(heads), tokens32 = static_cast<int32_t>(tokens), width32 = static_cast<int32_t>(width);
+    const int32_t rotary32 = static_cast<int32_t>(angles[3]);
+    const CUfunction* functions = modules().functions(stream, &binary->kernel, 1, capturing(stream));
+    launch(binary->kernel, functions[0], stream, {static_cast<unsigned>(rows), 1, 1},
+           {&x_ptr, &weight_ptr, &cos_ptr, &sin_ptr, &out_ptr, &heads32, &tokens32, &width32, &rotary32, &epsilon_});
   }
 
   float epsilon_ = 0.f;
@@ -811,6 +867,14 @@ struct GatedOutputNormOp : CudaOp<GatedOutputNormOp, GatedOutputNormKernel> {
   ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16; }
 };
 
+struct HeadNormRotaryOp : CudaOp<HeadNormRotaryOp, HeadNormRotaryKernel> {
+  const char* GetName() const { return HeadNormRotaryKernel::kName; }
+  size_t GetInputTypeCount() const { return 4; }
+  ONNXTensorElementDataType GetInputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+};
+
 struct ShortConvolutionOp : CudaOp<ShortConvolutionOp, ShortConvolutionKernel> {
   const char* GetName() const { return ShortConvolutionKernel::kName; }
   size_t GetInputTypeCount() const { return 4; }
@@ -848,6 +912,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
   static s1omni_gdn::SiluProductOp silu_product;
   static s1omni_gdn::DeltaGatesOp delta_gates;
   static s1omni_gdn::GatedOutputNormOp output_norm;
+  static s1omni_gdn::HeadNormRotaryOp head_rotary;
   static s1omni_gdn::ResidualRmsNormOp residual_rms_norm;
   static s1omni_gdn::ShortConvolutionOp short_convolution;
   static s1omni_gdn::ShortConvolutionHeadsOp convolution_heads;
@@ -860,6 +925,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL Regist
     if ((status = api->CustomOpDomain_Add(domain, &silu_product)) != nullptr) return;
     if ((status = api->CustomOpDomain_Add(domain, &delta_gates)) != nullptr) return;
     if ((status = api->CustomOpDomain_Add(domain, &output_norm)) != nullptr) return;
+    if ((status = api->CustomOpDomain_Add(domain, &head_rotary)) != nullptr) return;
     if ((status = api->CustomOpDomain_Add(domain, &residual_rms_norm)) != nullptr) return;
     if ((status = api->CustomOpDomain_Add(domain, &short_convolution)) != nullptr) return;
     status = api->CustomOpDomain_Add(domain, &convolution_heads);

@@ -42,7 +42,7 @@ VALIDATOR_VERSION = 2
 # records and by validation reports, so that each names the build it describes.
 BUILD_KEYS = (
     "backend", "target", "device", "precision", "recurrence", "gated_delta_kernel", "gated_delta_inputs", "op_fusion",
-    "merged_projections", "fused_mixers", "bf16_convolutions", "fused_silu", "fused_residual_norms", "fused_short_convolutions", "fused_convolution_heads", "fused_delta_gates", "fused_output_norms", "fused_attention", "attention_inputs", "cuda_graphs", "vision_cuda_graphs",
+    "merged_projections", "fused_mixers", "bf16_convolutions", "fused_silu", "fused_residual_norms", "fused_short_convolutions", "fused_convolution_heads", "fused_delta_gates", "fused_output_norms", "fused_head_rotary", "fused_attention", "attention_inputs", "cuda_graphs", "vision_cuda_graphs",
     "gated_delta_library", "library", "library_version", "provider_options",
 )  # fmt: skip
 

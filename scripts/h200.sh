@@ -22,7 +22,7 @@
 #             with --no-op-fusion, "/graphs" with --cuda-graphs, "/gdn16" with --gated-delta-inputs fp16, "/merged" with --merged-projections,
 #             "/mixers" with --fused-mixers ("/conv16" adds --bf16-convolutions, "/convop" --fused-short-convolutions and "/heads"
 #             --fused-convolution-heads), "/gates" with --fused-delta-gates, "/onorms" with --fused-output-norms,
-#             "/silu" with
+#             "/rotary" with --fused-head-rotary, "/silu" with
 #             --fused-silu, "/norms" with --fused-residual-norms and "/convop" (ChunkedGatedDeltaRule only), "/attn" with --fused-attention in float32, "/attn16" with it in float16
 #             (bf16 builds), "/vgraphs" with --vision-cuda-graphs (omnijev-4B); a variant without graphs, gdn16, mixers
 #             or attn/attn16 builds with --no-cuda-graphs, --gated-delta-inputs fp32, --no-fused-mixers or
@@ -83,7 +83,7 @@ for kernel in ${kernels//,/ }; do
 done
 # kernel:precision[/unfused][/graphs][/gdn16][/merged][/mixers][/conv16][/convop][/silu][/norms][/attn|/attn16][/vgraphs] -> kernel[-precision][-unfused]...[-vgraphs],
 # the precision where it is not fp32
-SUFFIXES=(unfused graphs gdn16 merged mixers conv16 convop heads gates onorms silu norms attn attn16 vgraphs)
+SUFFIXES=(unfused graphs gdn16 merged mixers conv16 convop heads gates onorms silu norms rotary attn attn16 vgraphs)
 has() { [[ "/$1/" == *"/$2/"* ]]; }
 name() {
   local p=${1#*:} n=${1%:*} suffix
@@ -136,6 +136,7 @@ if wants build; then
     if has "$precision" heads; then flags+=(--fused-convolution-heads); fi
     if has "$precision" gates; then flags+=(--fused-delta-gates); fi
     if has "$precision" onorms; then flags+=(--fused-output-norms); fi
+    if has "$precision" rotary; then flags+=(--fused-head-rotary); fi
     if has "$precision" silu; then flags+=(--fused-silu); fi
     if has "$precision" norms; then flags+=(--fused-residual-norms); fi
     if has "$precision" attn; then flags+=(--fused-attention --attention-inputs fp32)

@@ -112,12 +112,12 @@ def gpu_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     head shape (4 of 16 x 16) and the members' (128 x 128), the SiLU product, residual norms for rows up to 64,
     1,024 and 4,096 wide (the tiny member's, the 0.8B's and the 9B's hidden sizes), the short convolution of the
     members' 4 taps, the convolution writing q, k and v for the tiny member's heads (16, each twice), the 0.8B's
-    (128) and the 4B's (128, each twice), and the output norms of heads of 16 (the tiny member's) and 128 (the
-    members'); GPU tests only."""
+    (128) and the 4B's (128, each twice), the output norms of heads of 16 (the tiny member's) and 128 (the members'),
+    and the attention's head norms and rotary embeddings of heads of 32 and 256; GPU tests only."""
     from s1omni.export.gdn_library import build_library
     from s1omni.runtime.runners.tensorrt_runner import device_compute_capability
 
     out = tmp_path_factory.mktemp("gdn-gpu")
     build_library(out, [(4, 16, 16), (4, 128, 128)], int(device_compute_capability().removeprefix("sm_")), [64, 1024, 4096], [4],
-                  [(4, 16, 2), (4, 128, 1), (4, 128, 2)], [16, 128])
+                  [(4, 16, 2), (4, 128, 1), (4, 128, 2)], [16, 128], [32, 256])
     return out

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from s1omni.export.convolution_heads import HEADS_OP
 from s1omni.export.cuda_kernels import INPUT_TYPES
 from s1omni.export.delta_gates import GATES_OP
+from s1omni.export.head_rotary import HEAD_ROTARY_OP
 from s1omni.export.naming import CONTRIB_DOMAIN, OP_TYPE
 from s1omni.export.output_norms import OUTPUT_NORM_OP
 from s1omni.export.residual_norms import NORM_OP
@@ -230,6 +231,38 @@ def output_norms_emulated(rewritten: onnx.ModelProto, gated: bool = True) -> onn
         ]
 
     return spelled_out(rewritten, OUTPUT_NORM_OP, spell)
+
+
+def head_rotary_emulated(rewritten: onnx.ModelProto, turned: bool = True) -> onnx.ModelProto:
+    """A copy of ``rewritten`` with each ``HeadNormRotary`` (CUDA only) spelled as the graph had it:
+    ``SimplifiedLayerNormalization``, ``Transpose`` to ``[B, H, T, D]``, the slices of the rotated and the passed values
+    and of the rotated halves, ``Neg``, ``Concat``, ``Mul`` by cos and sin, ``Add`` and the ``Concat`` of the two parts.
+    ``turned=False`` rotates the halves the other way (``[first, -second]``), for a test that must tell."""
+    def spell(node: onnx.NodeProto, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+        tag = f"{node.name}/emulated"
+        x, weight, cos, sin = node.input
+        width = next(tensor for tensor in graph.initializer if tensor.name == weight).dims[0]
+        rotary = next(value for value in graph.value_info if value.name == cos).type.tensor_type.shape.dim[3].dim_value
+        bounds = {"zero": 0, "half": rotary // 2, "rotary": rotary, "end": width, "axis": -1, "step": 1}
+        graph.initializer.extend(numpy_helper.from_array(np.array([v], np.int64), f"{tag}/{k}") for k, v in bounds.items())
+        def part(source: str, start: str, end: str, output: str) -> onnx.NodeProto:
+            return helper.make_node("Slice", [source, f"{tag}/{start}", f"{tag}/{end}", f"{tag}/axis", f"{tag}/step"], [f"{tag}/{output}"])
+
+        halves = [f"{tag}/negated", f"{tag}/low"] if turned else [f"{tag}/low", f"{tag}/negated"]
+        return [
+            helper.make_node("SimplifiedLayerNormalization", [x, weight], [f"{tag}/normed"], axis=-1, epsilon=node.attribute[0].f, stash_type=1),
+            helper.make_node("Transpose", [f"{tag}/normed"], [f"{tag}/heads"], perm=[0, 2, 1, 3]),
+            part(f"{tag}/heads", "zero", "rotary", "rotated"), part(f"{tag}/heads", "rotary", "end", "passed"),
+            part(f"{tag}/rotated", "zero", "half", "low"), part(f"{tag}/rotated", "half", "rotary", "high"),
+            helper.make_node("Neg", [f"{tag}/high"], [f"{tag}/negated"]),
+            helper.make_node("Concat", halves, [f"{tag}/turned"], axis=-1),
+            helper.make_node("Mul", [f"{tag}/rotated", cos], [f"{tag}/by_cos"]),
+            helper.make_node("Mul", [f"{tag}/turned", sin], [f"{tag}/by_sin"]),
+            helper.make_node("Add", [f"{tag}/by_cos", f"{tag}/by_sin"], [f"{tag}/sum"]),
+            helper.make_node("Concat", [f"{tag}/sum", f"{tag}/passed"], list(node.output), axis=-1),
+        ]  # fmt: skip
+
+    return spelled_out(rewritten, HEAD_ROTARY_OP, spell)
 
 
 def residual_norms_emulated(rewritten: onnx.ModelProto, add: bool = True) -> onnx.ModelProto:

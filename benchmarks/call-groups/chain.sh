@@ -2,14 +2,15 @@
 # Detached device chain (issue 16), written 2026-12-06 and not yet run (no device time was left that session). Run with
 # scripts/device.sh: start CHAIN (carry .device/p1), stage 2..5, the last with .device/ort-include copied to
 # /tmp/ort-include, then poll "chain done" in as few calls as the time allows; name the record after the card that ran it.
-#  g  tests/test_delta_gates.py and tests/test_output_norms.py on the GPU: each op against float64 and against ONNX
+#  g  tests/test_delta_gates.py, test_output_norms.py and test_head_rotary.py on the GPU: each op against float64 and against ONNX
 #     Runtime's nodes, timed beside them; the tiny member's rewritten graphs end to end on the CUDA EP
 #  e  the 0.8B: the best validated build (ChunkedGatedDeltaRule bf16/graphs/gdn16/mixers/conv16/convop/heads/silu/norms/attn16)
-#     and it with /gates/onorms (--fused-delta-gates --fused-output-norms), each validated, then ab.py on the latter (the
+#     and it with /gates/onorms/rotary (--fused-delta-gates --fused-output-norms --fused-head-rotary), each validated, then
+#     ab.py on the latter (the
 #     runner's blocks grouped for fewer continue calls: call costs 0, 512 and 1,024 in turn, one process; set
 #     DEFAULT_CALL_COST_TOKENS to the cost to serve before a run that validates with it), then both timed in one run
 #     (router, backbone; both references; the router profiled)
-#  f  the 4B: bf16/graphs/gdn16/mixers/conv16/convop/heads/silu/attn16 and it with /gates/onorms: the same (ab.py on the
+#  f  the 4B: bf16/graphs/gdn16/mixers/conv16/convop/heads/silu/attn16 and it with /gates/onorms/rotary: the same (ab.py on the
 #     router alone)
 set -u
 source scripts/device-chain.sh
@@ -17,9 +18,9 @@ export S1OMNI_ORT_INCLUDE=/tmp/ort-include
 mkdir -p $R/g $R/e $R/f
 K=ChunkedGatedDeltaRule
 BASE08=bf16/graphs/gdn16/mixers/conv16/convop/heads/silu/norms/attn16
-NEW08=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/attn16
+NEW08=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16
 BASE4=bf16/graphs/gdn16/mixers/conv16/convop/heads/silu/attn16
-NEW4=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/attn16
+NEW4=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/rotary/attn16
 name() { echo "$K-$(echo "$1" | tr / -)"; }
 ab() {  # ab SIZE PRECISION OUT WORKLOADS: ab.py on that engine if it passed its gate
   passed $R/$3/validate-$1-$(name "$2").json || return 0
@@ -36,7 +37,7 @@ bash scripts/h200.sh 0.8B $R/e synth > $R/e/chain-synth.log 2>&1; log "rc-e-synt
 wait_for_wheels
 while [ ! -f $S1OMNI_ORT_INCLUDE/onnxruntime_c_api.h ]; do sleep 1; done
 log "headers staged"
-(env GPU_TESTS="tests/test_delta_gates.py tests/test_output_norms.py" PYTEST_ADDOPTS="-s" bash scripts/h200.sh 0.8B $R/g gpu-tests \
+(env GPU_TESTS="tests/test_delta_gates.py tests/test_output_norms.py tests/test_head_rotary.py" PYTEST_ADDOPTS="-s" bash scripts/h200.sh 0.8B $R/g gpu-tests \
    > $R/g/chain.log 2>&1; log "rc-g $?"; pack g) & tests=$!
 bash scripts/h200.sh 0.8B $R/e export > $R/e/chain-export.log 2>&1; log "rc-e-export $?"
 wait $synth4; log "rc-f-synth $?"
