@@ -63,11 +63,6 @@ def _dims(index: GraphIndex, producers: dict[str, onnx.NodeProto], name: str) ->
     return [source[axis] for axis in perm]
 
 
-def _ints(index: GraphIndex, name: str) -> list[int] | None:
-    tensor = index.constants.get(name)
-    return numpy_helper.to_array(tensor).astype(np.int64).tolist() if tensor is not None and tensor.data_location != TensorProto.EXTERNAL else None
-
-
 def _uniform_scale(index: GraphIndex, name: str, size: int) -> float | None:
     """The one value of float32 initializer ``name`` of ``size`` values, if it has one."""
     tensor = index.constants.get(name)
@@ -81,12 +76,12 @@ def _repeat(index: GraphIndex, producers: dict[str, onnx.NodeProto], unsqueeze: 
     """``Unsqueeze`` of axis 3 of ``[B, T, H, D]``, ``Expand`` by ``[1, 1, 1, r, 1]``, ``Reshape`` to ``[B, T, H r, D]``:
     each head repeated r times in a row (``repeat_interleave``); the three nodes and r."""
     dims = _dims(index, producers, unsqueeze.input[0])
-    axes = _ints(index, unsqueeze.input[1]) if len(unsqueeze.input) > 1 else list(attribute(unsqueeze, "axes", []))
+    axes = index.ints(unsqueeze.input[1]) if len(unsqueeze.input) > 1 else list(attribute(unsqueeze, "axes", []))
     expand = index.only_consumer(unsqueeze, "Expand")
     reshape = expand and index.only_consumer(expand, "Reshape")
     if dims is None or len(dims) != 4 or axes != [3] or not reshape or expand.input[0] != unsqueeze.output[0]:
         return None
-    factors = _ints(index, expand.input[1])
+    factors = index.ints(expand.input[1])
     if factors is None or len(factors) != 5 or factors[:3] + factors[4:] != [1, 1, 1, 1] or factors[3] < 1:
         return None
     repeated = _dims(index, producers, reshape.output[0])
@@ -110,7 +105,7 @@ def _path(index: GraphIndex, producers: dict[str, onnx.NodeProto], part: str, ro
             last = nodes[-1] if nodes else None
             if not cast or last is None or last.op_type != "Reshape" or list(node.input).count(value) != 1:
                 return None
-            shape, dims = _ints(index, last.input[1]), _dims(index, producers, last.input[0])
+            shape, dims = index.ints(last.input[1]), _dims(index, producers, last.input[0])
             if shape is None or len(shape) != 4 or shape[:2] != [0, 0] or shape[3] != -1 or shape[2] < 1 or dims is None or dims[:2] != rows:
                 return None
             return _Path(nodes, node, list(node.input).index(value), shape[2], repeat, norm)
@@ -175,7 +170,7 @@ def _convolution_heads(index: GraphIndex, producers: dict[str, onnx.NodeProto], 
             continue
         if mask is not None and _dims(index, producers, mask) != [*dims[:2], 1]:
             continue
-        sizes = _ints(index, split.input[1]) if len(split.input) > 1 else list(attribute(split, "split", []))
+        sizes = index.ints(split.input[1]) if len(split.input) > 1 else list(attribute(split, "split", []))
         if attribute(split, "axis", 0) not in (-1, 2) or sizes is None or len(sizes) != 3:
             continue
         paths = [_path(index, producers, part, dims[:2]) for part in split.output]

@@ -85,6 +85,13 @@ class GraphIndex:
         value = numpy_helper.to_array(tensor)
         return float(value.reshape(())) if value.size == 1 else None
 
+    def ints(self, name: str) -> list[int] | None:
+        """The values of the 1-D int64 initializer ``name`` (shapes, axes, sizes, slice bounds); None for anything else."""
+        tensor = self.constants.get(name)
+        if tensor is None or tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.data_type != onnx.TensorProto.INT64 or len(tensor.dims) != 1:
+            return None
+        return [int(value) for value in numpy_helper.to_array(tensor)]
+
     def last_dim(self, name: str) -> int | None:
         dims = self.shapes.get(name)
         return dims[-1].dim_value or None if dims else None
@@ -175,6 +182,13 @@ def _sigmoids(index: GraphIndex, graph: onnx.GraphProto) -> Iterator[tuple[list[
 
 
 Replacement = tuple[list[onnx.NodeProto], list[onnx.NodeProto]]  # nodes dropped, nodes put where the last of them stood
+
+
+def weight_widths(model: onnx.ModelProto, op_type: str, weight: int, domain: str) -> list[int]:
+    """The lengths of the 1-D weights (input ``weight``) of ``model``'s ``op_type`` nodes of ``domain``, each once: the
+    widths an op library compiles a per-width kernel for."""
+    weights = {tensor.name: tensor for tensor in model.graph.initializer}
+    return sorted({weights[node.input[weight]].dims[0] for node in model.graph.node if (node.op_type, node.domain) == (op_type, domain)})
 
 
 def contrib_rewrite(

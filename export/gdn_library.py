@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,14 @@ DELTA_GATES = KernelSpec(
 )  # fmt: skip
 
 
+def _block(width: int) -> int:
+    """The block a row of ``width`` values is computed in: the power of two at or above it, at least 16."""
+    return max(16, 1 << (width - 1).bit_length())
+
+
 def residual_norm_spec(width: int) -> KernelSpec:
     """The residual RMSNorm kernel for rows of ``width`` columns: one block of the power of two at or above it."""
-    block = max(16, 1 << (width - 1).bit_length())
+    block = _block(width)
     return KernelSpec(
         f"residual_rms_norm_{block}", "s1omni.export.residual_norm_kernel", "residual_rms_norm_kernel",
         (("residual", "*fp32"), ("addend", BFLOAT16), ("weight", "*fp32"), ("normalized", BFLOAT16), ("total", "*fp32"),
@@ -68,7 +74,7 @@ def residual_norm_spec(width: int) -> KernelSpec:
 
 def output_norm_spec(width: int) -> KernelSpec:
     """The output norm kernel for heads of ``width`` values: blocks of the power of two at or above it, 1,024 values a program."""
-    block = max(16, 1 << (width - 1).bit_length())
+    block = _block(width)
     return KernelSpec(
         f"gated_output_norm_{block}", "s1omni.export.output_norm_kernel", "gated_output_norm_kernel",
         (("o", HALF), ("z", BFLOAT16), ("weight", SINGLE), ("out", BFLOAT16), ("rows", "i32"), ("width", "i32"), ("epsilon", "fp32")),
@@ -79,7 +85,7 @@ def output_norm_spec(width: int) -> KernelSpec:
 def head_rotary_spec(width: int) -> KernelSpec:
     """The head norm and rotary kernel for heads of ``width`` values: one block of the power of two at or above it; no
     fused multiply-adds (the rotation rounds as the graph's nodes do)."""
-    block = max(16, 1 << (width - 1).bit_length())
+    block = _block(width)
     return KernelSpec(
         f"head_norm_rotary_{block}", "s1omni.export.head_rotary_kernel", "head_norm_rotary_kernel",
         (("x", SINGLE), ("weight", SINGLE), ("cos", SINGLE), ("sin", SINGLE), ("out", SINGLE), ("heads", "i32"), ("tokens", "i32"),
@@ -189,6 +195,12 @@ def kernels_source(variants: dict[tuple[int, int, int], list[CompiledKernel]], s
     return "\n".join(lines)
 
 
+def _per_block(spec_of: Callable[[int], KernelSpec], widths: list[int] | None, arch: int) -> list[CompiledKernel]:
+    """``spec_of``'s kernel for each of ``widths`` compiled for ``sm_{arch}``, once per block (widths sharing one share it)."""
+    specs = {spec.name: spec for spec in map(spec_of, sorted(set(widths or [])))}
+    return [compile_kernel(spec, arch) for spec in specs.values()]
+
+
 def build_library(out_dir: Path, shapes: list[tuple[int, int, int]], arch: int, norm_widths: list[int] | None = None,
                   convolution_sizes: list[int] | None = None, heads: list[tuple[int, int, int]] | None = None,
                   output_widths: list[int] | None = None, rotary_widths: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
@@ -204,14 +216,11 @@ def build_library(out_dir: Path, shapes: list[tuple[int, int, int]], arch: int, 
         raise InputError("the ChunkedGatedDeltaRule library is compiled with g++, which is not on PATH")
     variants = {shape: [compile_kernel(spec, arch) for spec in kernel_specs(*shape)] for shape in sorted(set(shapes))}
     silu, gates = compile_kernel(SILU_PRODUCT, arch), compile_kernel(DELTA_GATES, arch)
-    norm_specs = {spec.name: spec for spec in map(residual_norm_spec, sorted(set(norm_widths or [])))}  # one per block
-    norms = [compile_kernel(spec, arch) for spec in norm_specs.values()]
+    norms = _per_block(residual_norm_spec, norm_widths, arch)
     convolutions = [compile_kernel(short_convolution_spec(size), arch) for size in sorted(set(convolution_sizes or []))]
     head_kernels = [compile_kernel(convolution_heads_spec(*shape), arch) for shape in sorted(set(heads or []))]
-    output_specs = {spec.name: spec for spec in map(output_norm_spec, sorted(set(output_widths or [])))}  # one per block
-    output_norms = [compile_kernel(spec, arch) for spec in output_specs.values()]
-    rotary_specs = {spec.name: spec for spec in map(head_rotary_spec, sorted(set(rotary_widths or [])))}  # one per block
-    head_rotaries = [compile_kernel(spec, arch) for spec in rotary_specs.values()]
+    output_norms = _per_block(output_norm_spec, output_widths, arch)
+    head_rotaries = _per_block(head_rotary_spec, rotary_widths, arch)
     with tempfile.TemporaryDirectory(prefix="s1omni-gdn-") as work:
         (Path(work) / "gdn_kernels.inc").write_text(kernels_source(variants, silu, gates, norms, convolutions, head_kernels, output_norms,
                                                                                    head_rotaries))

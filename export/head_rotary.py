@@ -21,35 +21,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper
 
-from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite, other_input
+from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite, other_input, weight_widths
 from .naming import OP_DOMAIN
 
 HEAD_ROTARY_OP = "HeadNormRotary"
-
-
-def _ints(index: GraphIndex, name: str) -> list[int] | None:
-    tensor = index.constants.get(name)
-    return None if tensor is None or tensor.data_type != TensorProto.INT64 else [int(v) for v in numpy_helper.to_array(tensor).reshape(-1)]
 
 
 def _last_axis_slice(index: GraphIndex, node: onnx.NodeProto, width: int) -> tuple[int, int] | None:
     """``[start, end)`` of a ``Slice`` of the last axis (of ``width`` values) with step 1, ends clamped; None otherwise."""
     if node.op_type != "Slice" or node.domain or len(node.input) < 4:
         return None
-    starts, ends, axes = (_ints(index, name) for name in node.input[1:4])
-    steps = _ints(index, node.input[4]) if len(node.input) > 4 and node.input[4] else [1]
+    starts, ends, axes = (index.ints(name) for name in node.input[1:4])
+    steps = index.ints(node.input[4]) if len(node.input) > 4 and node.input[4] else [1]
     if not (starts and ends and axes and steps) or len(starts) != 1 or axes[0] not in (-1, 3) or steps != [1]:
         return None
     return starts[0], min(ends[0], width)
-
-
-def _one_reader(index: GraphIndex, name: str, op_type: str) -> onnx.NodeProto | None:
-    readers = index.consumers[name]
-    if len(readers) != 1 or name in index.outputs or readers[0].op_type != op_type or readers[0].domain:
-        return None
-    return readers[0]
 
 
 def _last_axis_concat(node: onnx.NodeProto | None, inputs: list[str]) -> bool:
@@ -65,7 +53,7 @@ def _head_rotaries(index: GraphIndex, producers: dict[str, onnx.NodeProto], grap
         if dims is None or len(dims) != 4 or not isinstance(dims[3], int) or tensor is None or list(tensor.dims) != [dims[3]]:
             continue
         width = dims[3]
-        transpose = _one_reader(index, norm.output[0], "Transpose")
+        transpose = index.only_consumer(norm, "Transpose")
         if transpose is None or list(attribute(transpose, "perm")) != [0, 2, 1, 3] or transpose.output[0] in index.outputs:
             continue
         parts = {_last_axis_slice(index, node, width): node for node in index.consumers[transpose.output[0]]}
@@ -79,19 +67,19 @@ def _head_rotaries(index: GraphIndex, producers: dict[str, onnx.NodeProto], grap
         if len(readers) != 3 or set(halves) != {(0, rotary // 2), (rotary // 2, rotary)} or len(scaled) != 1 or rotated.output[0] in index.outputs:
             continue
         low, high = halves[(0, rotary // 2)], halves[(rotary // 2, rotary)]
-        negated = _one_reader(index, high.output[0], "Neg")
-        turned = negated and _one_reader(index, negated.output[0], "Concat")
+        negated = index.only_consumer(high, "Neg")
+        turned = negated and index.only_consumer(negated, "Concat")
         if not (negated and turned and _last_axis_concat(turned, [negated.output[0], low.output[0]])):
             continue
-        if _one_reader(index, low.output[0], "Concat") is not turned:
+        if index.only_consumer(low, "Concat") is not turned:
             continue
-        by_sin = _one_reader(index, turned.output[0], "Mul")
-        total = by_sin and _one_reader(index, by_sin.output[0], "Add")
+        by_sin = index.only_consumer(turned, "Mul")
+        total = by_sin and index.only_consumer(by_sin, "Add")
         cos, sin = other_input(scaled[0], rotated.output[0]), by_sin and other_input(by_sin, turned.output[0])
-        if not total or _one_reader(index, scaled[0].output[0], "Add") is not total or not cos or not sin:
+        if not total or index.only_consumer(scaled[0], "Add") is not total or not cos or not sin:
             continue
-        joined = _one_reader(index, total.output[0], "Concat")
-        if not _last_axis_concat(joined, [total.output[0], passed.output[0]]) or _one_reader(index, passed.output[0], "Concat") is not joined:
+        joined = index.only_consumer(total, "Concat")
+        if not _last_axis_concat(joined, [total.output[0], passed.output[0]]) or index.only_consumer(passed, "Concat") is not joined:
             continue
         angles = [dims[0], 1, dims[1], rotary]
         if index.dims(cos) != angles or index.dims(sin) != angles:
@@ -103,8 +91,7 @@ def _head_rotaries(index: GraphIndex, producers: dict[str, onnx.NodeProto], grap
 
 def head_rotary_widths(model: onnx.ModelProto) -> list[int]:
     """The head sizes of ``model``'s ``HeadNormRotary`` nodes (their weights' lengths): what the op library compiles for."""
-    weights = {tensor.name: tensor for tensor in model.graph.initializer}
-    return sorted({weights[node.input[1]].dims[0] for node in model.graph.node if (node.op_type, node.domain) == (HEAD_ROTARY_OP, OP_DOMAIN)})
+    return weight_widths(model, HEAD_ROTARY_OP, 1, OP_DOMAIN)
 
 
 def use_head_rotary(model: onnx.ModelProto) -> int:

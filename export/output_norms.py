@@ -25,7 +25,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .bf16_gemms import widened_product
-from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite
+from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite, weight_widths
 from .naming import CONTRIB_DOMAIN, OP_DOMAIN, OP_TYPE
 
 OUTPUT_NORM_OP = "GatedOutputNorm"
@@ -89,8 +89,7 @@ def _output_norms(index: GraphIndex, producers: dict[str, onnx.NodeProto], graph
 
 def output_norm_widths(model: onnx.ModelProto) -> list[int]:
     """The head sizes of ``model``'s ``GatedOutputNorm`` nodes (their weights' lengths): what the op library compiles for."""
-    weights = {tensor.name: tensor for tensor in model.graph.initializer}
-    return sorted({weights[node.input[2]].dims[0] for node in model.graph.node if (node.op_type, node.domain) == (OUTPUT_NORM_OP, OP_DOMAIN)})
+    return weight_widths(model, OUTPUT_NORM_OP, 2, OP_DOMAIN)
 
 
 def use_output_norms(model: onnx.ModelProto) -> int:

@@ -25,7 +25,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from .bf16_gemms import BF16_SUFFIX, widened_product
-from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite, other_input
+from .cuda_fusions import GraphIndex, Replacement, attribute, contrib_rewrite, other_input, weight_widths
 from .naming import OP_DOMAIN
 
 NORM_OP = "ResidualRmsNorm"
@@ -131,8 +131,7 @@ def _residual_norms(index: GraphIndex, producers: dict[str, onnx.NodeProto], gra
 
 def norm_widths(model: onnx.ModelProto) -> list[int]:
     """The row widths of ``model``'s ``ResidualRmsNorm`` nodes (their weights' lengths): what the op library compiles for."""
-    weights = {tensor.name: tensor for tensor in model.graph.initializer}
-    return sorted({weights[node.input[2]].dims[0] for node in model.graph.node if node.op_type == NORM_OP and node.domain == OP_DOMAIN})
+    return weight_widths(model, NORM_OP, 2, OP_DOMAIN)
 
 
 def fuse_residual_norms(model: onnx.ModelProto) -> int:
