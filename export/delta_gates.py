@@ -55,13 +55,18 @@ def _beta(index: GraphIndex, producers: dict[str, onnx.NodeProto], name: str) ->
     return [cast, sigmoid], cast.input[0]
 
 
+def _where_read_by(producers: dict[str, onnx.NodeProto], node: onnx.NodeProto) -> onnx.NodeProto | None:
+    """The ``Where`` (default domain) that makes one of ``node``'s inputs, if one does."""
+    return next((producers[x] for x in node.input if x in producers and (producers[x].op_type, producers[x].domain) == ("Where", "")), None)
+
+
 def _masked(index: GraphIndex, producers: dict[str, onnx.NodeProto], name: str) -> tuple[onnx.NodeProto, onnx.NodeProto | None, str]:
     """The ``Mul`` by the decay scale that made ``name``, or made its factor where ``name`` is that times a mask: the
     scaling node, the masking one (None: none) and the mask."""
     outer = producers[name]
     for term in outer.input:
         inner = _made_by(producers, index, term, "Mul")
-        if inner is not None and any(producers.get(x) is not None and producers[x].op_type == "Where" for x in inner.input):
+        if inner is not None and _where_read_by(producers, inner) is not None:
             return inner, outer, other_input(outer, term) or ""
     return outer, None, ""
 
@@ -73,8 +78,8 @@ def _decay(index: GraphIndex, producers: dict[str, onnx.NodeProto], name: str) -
     if _made_by(producers, index, name, "Mul") is None:
         return None
     scale, masking, mask = _masked(index, producers, name)
-    chosen = next((producers.get(x) for x in scale.input if producers.get(x) and producers[x].op_type == "Where"), None)
-    if not chosen or chosen.domain or not index.internal(chosen.output[0], 1):
+    chosen = _where_read_by(producers, scale)
+    if not chosen or not index.internal(chosen.output[0], 1):
         return None
     condition, x, softplus_name = chosen.input
     greater = _made_by(producers, index, condition, "Greater")
