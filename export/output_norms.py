@@ -80,7 +80,7 @@ def _output_norms(index: GraphIndex, producers: dict[str, onnx.NodeProto], graph
             continue
         if not isinstance(dims[-1], int) or dims[-1] % tensor.dims[0]:  # the gate's rows: whole heads of D
             continue
-        rows = f"{norm.output[0]}/bf16"
+        rows = f"{cast.output[0]}/{OUTPUT_NORM_OP}"  # after the name the Reshape gives back, which the graph holds once
         made = [helper.make_node(OUTPUT_NORM_OP, [rule[0], gate[0], weight], [rows], name=f"{norm.name}/{OUTPUT_NORM_OP}", domain=OP_DOMAIN,
                                  epsilon=attribute(norm, "epsilon")),
                 helper.make_node("Reshape", [rows, reshape.input[1]], list(cast.output), name=reshape.name)]  # fmt: skip

@@ -4,8 +4,8 @@
 #   scripts/device-pack.sh [DIR]      (default .device, which git ignores)
 #
 # Downloads the wheels below for the device image's Python (3.12, manylinux_2_28 x86_64) into DIR/wheels once,
-# packs them (tar | xz) and splits the pack into parts of 44 MiB, DIR/p1/part.01, DIR/p2/part.02, ...: each
-# part travels with one device call (`run`'s carry is 64 MiB a call). scripts/device.sh stages them there:
+# packs them (tar | xz) and splits the pack into parts of 36 MiB, DIR/p1/part.01, DIR/p2/part.02, ...: each
+# part travels with one device call (`run`'s carry is 64 MiB a call, the working tree's 24 MiB included). scripts/device.sh stages them there:
 # `start` the first part, `stage K` the others; the call that brings the last part installs the wheels.
 # The wheels are the ones the H200 records ran with (benchmarks/README.md names each record's versions);
 # the image brings torch, transformers, onnx, einops and prometheus_client itself.
@@ -13,7 +13,7 @@ set -euo pipefail
 dir=${1:-.device}
 WHEELS=(onnxruntime-gpu==1.31.1 polygraphy==0.53.6 starlette==1.10.0 uvicorn==0.55.0 python-json-logger==4.2.0
         flash-linear-attention==0.6.0 fla-core==0.6.0 pyspng==0.1.4)
-PART_BYTES=${PART_BYTES:-44M}  # a smaller size for a trial of the staging
+PART_BYTES=${PART_BYTES:-36M}  # a smaller size for a trial of the staging
 mkdir -p "$dir/wheels"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 -d "$dir/wheels" "${WHEELS[@]}"

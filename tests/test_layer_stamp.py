@@ -19,7 +19,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from onnx import helper, numpy_helper
 
 from s1omni.export.graph_weights import ModuleTensors, bind_weights, foldable
 from s1omni.export.layer_stamp import template_types

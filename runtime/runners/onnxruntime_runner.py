@@ -63,9 +63,11 @@ PADDING_SLACK = 1.25
 # the CUDA EP a call has a fixed cost, its ~1,000 kernels a few us each however few its tokens: the bf16 CUDA-graph
 # engines' backbone times on an H100 (benchmarks/h100-convolution-heads) fit 6.4 ms + 7.2 us a token on the 0.8B
 # member and 13.7 ms + 18.9 us on the 4B, a call worth ~900 and ~700 tokens, so 512 there would merge the router
-# request's four short blocks into one call. Until benchmarks/call-groups/chain.sh has timed that and validated
-# engines with it on the device, every runner groups by length alone; on the CPU a call costs its tokens (the
-# tiny member's router request: 215 ms in four continue calls, 241 in three, 298 in two).
+# request's four short blocks into fewer calls. Timed on the 0.8B's validated engine (benchmarks/h100-call-groups,
+# ab.py, H100): 512 made three calls of the four and the request 10% faster (p50 36.9 against 40.9 ms), 1,024 two
+# calls and slower (43.4 ms); both changed some heads' answers from length grouping's (the padded blocks' bfloat16
+# sums), and no engine has passed its gate grouped that way. So every runner groups by length alone; on the CPU a
+# call costs its tokens (the tiny member's router request: 215 ms in four continue calls, 241 in three, 298 in two).
 DEFAULT_CALL_COST_TOKENS = 0
 # The reference's exact batching of a request's trees (vela2-decoder.md §2.9, from
 # vllm-project/semantic-router:src/model-runtime/vllm_srun/families/vela2/members.py): a batch closes
@@ -195,7 +197,7 @@ class OnnxRuntimeRunner:
         self.device, self._device_id = device_of(device)
         self.precision = precision
         # Padded tokens a call fewer is worth when blocks are grouped (``length_groups``); an attribute, so that one
-        # process can time groupings side by side (benchmarks/call-groups/ab.py).
+        # process can time groupings side by side (benchmarks/h100-call-groups/ab.py).
         self.call_cost_tokens = DEFAULT_CALL_COST_TOKENS
         chosen = providers(self.device, self._device_id, provider_options or {})
         backbone = providers(self.device, self._device_id, {**(provider_options or {}), **capture_options(cuda_graphs, self.device)})

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Detached device chain (issue 16), written 2026-12-06 and not yet run (no device time was left that session). Run with
-# scripts/device.sh: start CHAIN (carry .device/p1), stage 2..5, the last with .device/ort-include copied to
+# Detached device chain (issue 16), written 2026-12-06, run on an H100 the same day (chain.txt; results: g in gpu-tests/, e in 0.8B/,
+# f in 4B-validate/; the machine went back before f's ab.py and bench, which chain-4B.sh ran again). Run with
+# scripts/device.sh: start CHAIN (carry .device/p1), stage 2..6, the last with .device/ort-include copied to
 # /tmp/ort-include, then poll "chain done" in as few calls as the time allows; name the record after the card that ran it.
 #  g  tests/test_delta_gates.py, test_output_norms.py and test_head_rotary.py on the GPU: each op against float64 and against ONNX
 #     Runtime's nodes, timed beside them; the tiny member's rewritten graphs end to end on the CUDA EP
@@ -24,7 +25,7 @@ NEW4=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/rotary/attn1
 name() { echo "$K-$(echo "$1" | tr / -)"; }
 ab() {  # ab SIZE PRECISION OUT WORKLOADS: ab.py on that engine if it passed its gate
   passed $R/$3/validate-$1-$(name "$2").json || return 0
-  S1OMNI_HOME=$S1OMNI_WORK/home python3 benchmarks/call-groups/ab.py --engine "$S1OMNI_SCRATCH/engine-$1-$(name "$2")" \
+  S1OMNI_HOME=$S1OMNI_WORK/home python3 benchmarks/h100-call-groups/ab.py --engine "$S1OMNI_SCRATCH/engine-$1-$(name "$2")" \
     --workloads "$4" --out $R/$3/ab.json > $R/$3/ab.log 2>&1; log "rc-$3-ab $?"; pack "$3"
 }
 validated() {  # validated SIZE OUT P1 P2: those of the precisions whose engine passed its gate, comma-separated

@@ -1,6 +1,6 @@
 """Requests timed with the runner's blocks grouped for fewer calls, arm against arm in one process.
 
-    python3 benchmarks/call-groups/ab.py --engine ENGINE --out ab.json [--workloads router,router@8] [--costs 0,512,1024]
+    python3 benchmarks/h100-call-groups/ab.py --engine ENGINE --out ab.json [--workloads router,router@8] [--costs 0,512,1024]
 
 Each arm sets the engine runner's ``call_cost_tokens`` (``s1omni.runtime.runners.onnxruntime_runner.length_groups``:
 the padded tokens one call fewer is worth) and runs the same requests (``s1omni.bench.workloads``: ``router`` is
