@@ -338,11 +338,14 @@ def build(
                 if cuda_arch is None:
                     raise UsageError(f"--gated-delta-kernel {OP_TYPE}: no GPU here to compile for; name one with --cuda-arch (90: sm_90)")
             shapes: list[tuple[int, int, int]] = []
-            widths: list[int] = []
-            sizes: list[int] = []
-            heads: list[tuple[int, int, int]] = []
-            output_widths: list[int] = []
-            rotary_widths: list[int] = []
+            # What each op of the library is compiled for, read from the rewritten graphs (build_library's keywords).
+            sizers: dict[str, Callable[[onnx.ModelProto], list[Any]]] = {
+                keyword: sizer for keyword, wanted, sizer in (
+                    ("norm_widths", fused_residual_norms, norm_widths), ("convolution_sizes", fused_short_convolutions, kernel_sizes),
+                    ("heads", fused_convolution_heads, head_kernels), ("output_widths", fused_output_norms, output_norm_widths),
+                    ("rotary_widths", fused_head_rotary, head_rotary_widths)) if wanted
+            }  # fmt: skip
+            sized: dict[str, list[Any]] = {keyword: [] for keyword in sizers}
             merged_projections = merged_projections and precision == "bf16"
             attention = _attention_inputs(attention_inputs, fused_attention, precision)
             rewrites = _graph_rewrites(target, kernel, inputs, precision, recurrence, op_fusion, merged_projections,
@@ -358,16 +361,8 @@ def build(
                     if kernel == OP_TYPE:
                         shapes += state_shapes(graph)
                     done = ", ".join(f"{rewrite(graph)} {what}" for what, rewrite in rewrites.items())
-                    if fused_residual_norms:
-                        widths += norm_widths(graph)
-                    if fused_short_convolutions:
-                        sizes += kernel_sizes(graph)
-                    if fused_convolution_heads:
-                        heads += head_kernels(graph)
-                    if fused_output_norms:
-                        output_widths += output_norm_widths(graph)
-                    if fused_head_rotary:
-                        rotary_widths += head_rotary_widths(graph)
+                    for keyword, sizer in sizers.items():
+                        sized[keyword] += sizer(graph)
                     onnx.save(graph, str(stage / name))
                     progress.note(f"onnxruntime/{target}: {name}: {done}")
                     continue
@@ -384,7 +379,7 @@ def build(
             library = None
             if kernel == OP_TYPE:
                 progress.note(f"onnxruntime/{target}: compiling {OP_TYPE} for sm_{cuda_arch}, head shapes {sorted(set(shapes))} ...")
-                library = build_library(stage, shapes, cuda_arch, widths, sizes, heads, output_widths, rotary_widths)
+                library = build_library(stage, shapes, cuda_arch, **sized)
                 progress.note(f"onnxruntime/{target}: {library['library']} (Triton {library['triton_version']}, fla {library['fla_version']})")
             record = {
                 "backend": "onnxruntime",

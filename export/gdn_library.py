@@ -201,7 +201,7 @@ def _per_block(spec_of: Callable[[int], KernelSpec], widths: list[int] | None, a
     return [compile_kernel(spec, arch) for spec in specs.values()]
 
 
-def build_library(out_dir: Path, shapes: list[tuple[int, int, int]], arch: int, norm_widths: list[int] | None = None,
+def build_library(out_dir: Path, shapes: list[tuple[int, int, int]], arch: int, *, norm_widths: list[int] | None = None,
                   convolution_sizes: list[int] | None = None, heads: list[tuple[int, int, int]] | None = None,
                   output_widths: list[int] | None = None, rotary_widths: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
     """Write ``out_dir / OP_LIBRARY`` with kernels for each (heads, key size, value size) of ``shapes`` on

@@ -118,6 +118,6 @@ def gpu_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from s1omni.runtime.runners.tensorrt_runner import device_compute_capability
 
     out = tmp_path_factory.mktemp("gdn-gpu")
-    build_library(out, [(4, 16, 16), (4, 128, 128)], int(device_compute_capability().removeprefix("sm_")), [64, 1024, 4096], [4],
-                  [(4, 16, 2), (4, 128, 1), (4, 128, 2)], [16, 128], [32, 256])
+    build_library(out, [(4, 16, 16), (4, 128, 128)], int(device_compute_capability().removeprefix("sm_")), norm_widths=[64, 1024, 4096],
+                  convolution_sizes=[4], heads=[(4, 16, 2), (4, 128, 1), (4, 128, 2)], output_widths=[16, 128], rotary_widths=[32, 256])
     return out
