@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from s1omni.bench.profiler import HOST, idle
 from s1omni.bench.run import http_ratios, subject_names
 from s1omni.cli.bench import served_instances
 from s1omni.bench.http_load import request_body, server_timing
@@ -194,6 +195,19 @@ def test_ratios_come_from_the_same_run(tiny_model) -> None:
     }
     runs = [{"subject": REFERENCE, "concurrency": 1, **theirs}, {"subject": "again", "concurrency": 1, **mine}]
     assert http_ratios(runs)["again"]["1"] == ratios(mine, theirs, ("p50_ms", "p95_ms", "requests_per_s"))
+
+
+def test_idle_time_is_what_no_kernel_covers_split_by_the_host_call_meanwhile() -> None:
+    # Kernels 10-30 (two overlapping) and 50-60 us of a 100 us span, two iterations; a copy call 30-40 and a
+    # synchronisation 55-70 on the host.
+    found = idle([(10, 20), (15, 30), (50, 60)], [("cudaMemcpy", 30, 40), ("cudaStreamSynchronize", 55, 70)], (0, 100), 2)
+    assert found["idle_ms_per_iteration"] == pytest.approx(0.035)  # 0-10, 30-50, 60-100
+    assert found["gaps_per_iteration"] == 1.5
+    assert found["by_host_call_ms_per_iteration"] == {HOST: 0.025, "cudaMemcpy": 0.005, "cudaStreamSynchronize": 0.005}
+    assert [gap["us"] for gap in found["widest"]] == [40, 20, 10]
+    assert found["widest"][0]["host"] == {"cudaStreamSynchronize": 10, HOST: 30} and found["widest"][0]["at_ms"] == 0.06
+    # A device busy throughout leaves nothing idle, whatever the host did.
+    assert idle([(0, 100)], [("cudaMemcpy", 30, 40)], (0, 100), 1)["idle_ms_per_iteration"] == 0
 
 
 def test_nearest_rank_and_summary() -> None:

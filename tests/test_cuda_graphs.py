@@ -70,8 +70,10 @@ def test_graph_runs_give_the_plain_runs_hidden_states_and_reuse_their_buffers(gr
     _assert_same(graphed.run(_trees(0)), plain.run(_trees(0)))
     prefill, blocks = (len(session.graphs) for session in graphed._graphs)
     assert prefill == 1 and blocks >= 2  # one left-padded prefill of three rows; blocks grouped by length
+    assert len(graphed._row_graphs) == blocks  # each continue graph's state rows gathered by a graph of their own
     _assert_same(graphed.run(_trees(1)), plain.run(_trees(1)))  # new tokens, same shapes: the same graphs
     assert [len(session.graphs) for session in graphed._graphs] == [prefill, blocks]
+    assert len(graphed._row_graphs) == blocks
     buffers = next(iter(graphed._graphs[0].graphs.values())).inputs["input_ids"]
     assert buffers.shape() == [3, bucket(40)]  # the widest prefix, rounded up
 
@@ -100,6 +102,27 @@ def test_packed_graph_runs_give_the_plain_packed_runs_hidden_states_in_bucketed_
     assert [(shape["input_ids"], shape["block_index"], shape["block_owner"]) for shape in shapes] == [((18, 18), (36, 9), (36,))]
     _assert_same(graphed.run_packed(_packed_trees(1)), plain.run_packed(_packed_trees(1)))  # new tokens, same shapes: the same graph
     assert len(graphed._packed_graphs.graphs) == 1
+    assert len(graphed._row_graphs) == 2  # the packed call's rows and the 30-token block's
+
+
+def test_a_replayed_row_gather_reads_each_calls_owners(graphed_engine: Path) -> None:
+    """Two calls of the same shapes (two prefixes, three blocks of 9 tokens) whose blocks belong to different
+    prefixes: the second replays the first's graphs, the row gather's with the new owners."""
+    rng = np.random.default_rng(7)
+
+    def trees(first_blocks: int) -> list[Tree]:
+        def blocks(count: int) -> tuple[Block, ...]:
+            return tuple(Block(rng.integers(1, 2048, 9), np.array([2, 8])) for _ in range(count))
+
+        # The shorter prefix stays the first row (trees go in ascending order of tokens): it owns two blocks, then one.
+        return [Tree(Prefix(rng.integers(1, 2048, 5)), blocks(first_blocks)), Tree(Prefix(rng.integers(1, 2048, 20)), blocks(3 - first_blocks))]
+
+    plain = OnnxRuntimeRunner(graphed_engine, device="cpu")
+    graphed = OnnxRuntimeRunner(graphed_engine, device="cpu", cuda_graphs=True)
+    for first_blocks in (2, 1):  # owners [0, 0, 1], then [0, 1, 1]
+        chosen = trees(first_blocks)
+        _assert_same(graphed.run(chosen), plain.run(chosen))
+    assert [len(session.graphs) for session in graphed._graphs] == [1, 1] and len(graphed._row_graphs) == 1
 
 
 def test_a_single_tree_runs_prefill_then_continue_in_fixed_shapes(graphed_engine: Path) -> None:
@@ -170,6 +193,8 @@ def test_shapes_past_the_graph_limits_run_outside_any_graph(
     for seed in (5, 6):
         _assert_same(graphed.run(_trees(seed)), plain.run(_trees(seed)))
     assert [len(session.graphs) for session in graphed._graphs] == graphs
+    # The row gathers are captured only from a captured prefill's buffers, within the same limit on graphs.
+    assert len(graphed._row_graphs) == (min(graphs[1], cuda_graphs.MAX_GRAPHS) if graphs[0] else 0)
     assert all(session.buffer_bytes <= cuda_graphs.MAX_SESSION_GRAPH_BYTES for session in graphed._graphs)
 
 
@@ -197,10 +222,15 @@ def test_replays_read_new_inputs_on_the_gpu(exported: Path, tmp_path: Path) -> N
     for seed in (0, 1, 0, 2):  # the first run captures, the rest replay
         _assert_same(graphed.run(_trees(seed)), plain.run(_trees(seed)), atol=1e-4)
     assert [len(session.graphs) for session in graphed._graphs][0] == 1
+    assert len(graphed._row_graphs) == len(graphed._graphs[1].graphs)  # the row gathers replayed as graphs too
+    rng = np.random.default_rng(7)
+    for first_blocks in (2, 1):  # one pair of graphs, the owners changing between replays
+        trees = [Tree(Prefix(rng.integers(1, 2048, 5)), tuple(Block(rng.integers(1, 2048, 9), np.array([8])) for _ in range(first_blocks))),
+                 Tree(Prefix(rng.integers(1, 2048, 20)), tuple(Block(rng.integers(1, 2048, 9), np.array([8])) for _ in range(3 - first_blocks)))]  # fmt: skip
+        _assert_same(graphed.run(trees), plain.run(trees), atol=1e-4)
     # A far larger shape once the sessions have run, still under MAX_GRAPH_TOKENS: captured after its own
     # warm-up runs (the 4B member's 6,942-token case failed inside the capture without them).
-    rng = np.random.default_rng(7)
     width = cuda_graphs.MAX_GRAPH_TOKENS - 96
     long = [Tree(Prefix(rng.integers(1, 2048, width)), (Block(rng.integers(1, 2048, 700), np.arange(0, 700, 7)),))]
     _assert_same(graphed.run(long), plain.run(long), atol=1e-4)
-    assert [len(session.graphs) for session in graphed._graphs][0] == 2
+    assert [len(session.graphs) for session in graphed._graphs][0] == 3

@@ -20,7 +20,9 @@ With ``cuda_graphs`` (an engine built with ``--cuda-graphs``) both graphs run as
 widths and readout counts are rounded up to buckets (prefixes padded on the left and masked, blocks
 and readouts on the right), each shape's inputs are copied into its graph's buffers, and the blocks'
 state rows are gathered straight into the continue graph's. A prefix state then lives in its graph's
-buffers until the next prefill of the same shape, which ``continue_blocks`` checks.
+buffers until the next prefill of the same shape, which ``continue_blocks`` checks; the gather from them
+is a captured graph as well, one per pair of prefill and continue graphs (as a plain run it launches a
+Gather per state tensor, 48 on the 0.8B member, each through ONNX Runtime's executor).
 
 ``run_packed`` (the ``shared_context`` profile, engines whose export has ``packed.onnx``; ``open_packed``
 loads it) runs each batch's prefill as ``run`` does, then each length group of its blocks in one call of
@@ -48,6 +50,7 @@ from onnx import TensorProto, helper
 from ..errors import EnvironmentMissing
 from .base import Block, BlockReady, Prefix, Tree, pad_blocks, text_positions
 from .capture_lock import device_run
+from . import cuda_graphs
 from .cuda_graphs import UNCAPTURED, Graph, GraphedSession, bucket, capture_options, run_options
 from .packing import pack_blocks
 
@@ -199,7 +202,6 @@ class OnnxRuntimeRunner:
         # Padded tokens a call fewer is worth when blocks are grouped (``length_groups``); an attribute, so that one
         # process can time groupings side by side (benchmarks/h100-call-groups/ab.py).
         self.call_cost_tokens = DEFAULT_CALL_COST_TOKENS
-        chosen = providers(self.device, self._device_id, provider_options or {})
         backbone = providers(self.device, self._device_id, {**(provider_options or {}), **capture_options(cuda_graphs, self.device)})
         options = session_options(self.device, engine_dir)
         self._prefill = onnxruntime.InferenceSession(str(engine_dir / "prefill.onnx"), options, providers=backbone)
@@ -224,7 +226,10 @@ class OnnxRuntimeRunner:
         expected = {f"past_{name}" for name in self._names}
         if expected - {value.name for value in self._continue.get_inputs()}:
             raise ValueError(f"{engine_dir}: continue.onnx does not take the state prefill.onnx returns")
-        self._rows = onnxruntime.InferenceSession(row_gather_graph(self._names), providers=chosen)  # never captured
+        # The state-row gather is captured too, as one graph per (prefill graph, continue or packed graph) pair
+        # (``_gather_rows``): a plain run launches one Gather per state tensor through ONNX Runtime's executor.
+        self._rows = onnxruntime.InferenceSession(row_gather_graph(self._names), providers=backbone)
+        self._row_graphs: dict[tuple[int, int], Graph] = {}
         self._engine_dir, self._backbone, self._options = engine_dir, backbone, options
         self._packed: onnxruntime.InferenceSession | None = None
         self._packed_graphs: GraphedSession | None = None
@@ -406,9 +411,30 @@ class OnnxRuntimeRunner:
         past = {f"past_{name}": [len(owners), *value.shape()[1:]] for name, value in zip(self._names, state.values, strict=True)}
         graph = graphs.graph({**{name: value.shape for name, value in feeds.items()}, **past}, tokens)
         if graph is not None:
-            self._owner_rows(state, owners, into=[graph.inputs[name] for name in past])
+            self._gather_rows(state, owners, graph, list(past))
             graph.run(feeds)
         return graph
+
+    def _gather_rows(self, state: PrefixState, owners: np.ndarray, graph: Graph, names: Sequence[str]) -> None:
+        """``owners``' rows of ``state`` into ``graph``'s inputs ``names``: replayed as a graph of the row gather
+        where the state lives in a prefill graph's buffers (one per pair of graphs, at most ``MAX_GRAPHS``), else
+        a plain run."""
+        into = [graph.inputs[name] for name in names]
+        key = (id(state.graph), id(graph))
+        rows = self._row_graphs.get(key)
+        if rows is None and state.graph is not None and len(self._row_graphs) < cuda_graphs.MAX_GRAPHS:
+            index = onnxruntime.OrtValue.ortvalue_from_shape_and_type([len(owners)], np.int64, self.device, self._device_id)
+            binding = self._rows.io_binding()
+            binding.bind_ortvalue_input("index", index)
+            for i, (value, target) in enumerate(zip(state.values, into, strict=True)):
+                binding.bind_ortvalue_input(f"state.{i}", value)
+                binding.bind_ortvalue_output(f"gathered.{i}", target)
+            rows = Graph(self._rows, {"index": index}, dict(zip(names, into, strict=True)), binding, run_options(len(self._row_graphs) + 1))
+            self._row_graphs[key] = rows
+        if rows is None:
+            self._owner_rows(state, owners, into=into)
+        else:
+            rows.run({"index": owners})
 
     def _owner_rows(
         self, state: PrefixState, owners: np.ndarray, into: Sequence[onnxruntime.OrtValue] | None = None
@@ -422,5 +448,5 @@ class OnnxRuntimeRunner:
                 binding.bind_output(f"gathered.{i}", self.device, self._device_id)
             else:
                 binding.bind_ortvalue_output(f"gathered.{i}", into[i])
-        self._rows.run_with_iobinding(binding)
+        self._rows.run_with_iobinding(binding, self._uncaptured)
         return binding.get_outputs()
