@@ -52,8 +52,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--no-op-fusion",
         dest="op_fusion",
         action="store_false",
-        help="onnxruntime/cuda only: keep the exported graphs' norms and sigmoids op by op "
-        "(by default each becomes one SimplifiedLayerNormalization or Sigmoid, fewer kernel launches)",
+        help="onnxruntime/cuda only: keep the exported graphs' norms, sigmoids and rotary section interleaving op by op "
+        "(by default each norm becomes one SimplifiedLayerNormalization, each sigmoid one Sigmoid and each interleaving "
+        "two Where with the same values: fewer kernel launches)",
     )
     parser.add_argument(
         "--merged-projections",
@@ -114,7 +115,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--fused-delta-gates",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in, not yet run on a GPU: each Gated DeltaNet layer's decay "
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in (validated on the 0.8B and 4B on an H100): each Gated DeltaNet layer's decay "
         "and beta (the casts of the a and b products, dt_bias, the thresholded softplus, the -exp(A_log) scale, the prefill "
         "mask, the sigmoid) as one GatedDeltaGates of the engine's op library",
     )
@@ -122,7 +123,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--fused-output-norms",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="with --gated-delta-kernel ChunkedGatedDeltaRule and --fused-mixers, opt-in, not yet run on a GPU: each Gated "
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule and --fused-mixers, opt-in (validated on the 0.8B and 4B on an H100): each Gated "
         "DeltaNet layer's output norm (GatedRMSNorm) with the casts around it as one GatedOutputNorm of the engine's op "
         "library, reading the rule's float16 output and the z product, writing the out projection's bfloat16 input",
     )
@@ -130,7 +131,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--fused-head-rotary",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in, not yet run on a GPU: each full-attention layer's q and k "
+        help="with --gated-delta-kernel ChunkedGatedDeltaRule, opt-in (validated on the 0.8B and 4B on an H100): each full-attention layer's q and k "
         "head norm, transpose and partial rotary embedding (a dozen nodes each) as one HeadNormRotary of the engine's op library",
     )
     parser.add_argument(

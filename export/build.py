@@ -25,7 +25,8 @@ execution provider options to run them with:
   it (docs/validation.md), so none is a default yet. TF32 matmuls are
   faster but flipped 2 of 24 span sets of the 0.8B synthetic member on the H200, a GPU-gate miss
   (``benchmarks/h200-0.8B-kernels``). Their norms and sigmoids become single ONNX Runtime ops
-  (``s1omni.export.cuda_fusions``) unless ``--no-op-fusion``. By default (``--no-cuda-graphs`` turns it off) the runner replays each
+  (``s1omni.export.cuda_fusions``), and the rotary embedding's interleaving of its sections a selection
+  (``s1omni.export.rotary_sections``: the same values), unless ``--no-op-fusion``. By default (``--no-cuda-graphs`` turns it off) the runner replays each
   shape bucket as a CUDA graph (``s1omni.runtime.runners.cuda_graphs``): the manifest says so, and validation
   runs the engine that way.
 
@@ -58,6 +59,7 @@ from .convolution_heads import HEADS_OP, head_kernels, use_convolution_heads
 from .delta_gates import GATES_OP, use_delta_gates
 from .head_rotary import HEAD_ROTARY_OP, head_rotary_widths, use_head_rotary
 from .output_norms import OUTPUT_NORM_OP, output_norm_widths, use_output_norms
+from .rotary_sections import select_rotary_sections
 from .short_convolutions import CONVOLUTION_OP, kernel_sizes, use_convolution_op
 from .silu_products import SILU_OP, fuse_silu_products
 from .bf16_gemms import Bf16Weights, use_bf16_gemms
@@ -164,6 +166,7 @@ def _graph_rewrites(
     if op_fusion:
         rewrites["fused norms"] = fuse_norms
         rewrites["sigmoids"] = fuse_sigmoids
+        rewrites["rotary section selections"] = select_rotary_sections
     if precision in ("bf16", "fp8"):
         if recurrence != "fused":
             raise InputError(f"--precision {precision} rewrites the fused graphs; export again with --recurrence fused")

@@ -64,7 +64,7 @@ def _rounded_side_by_side(parts: list[onnx.TensorProto], directory: Path) -> np.
 def test_cuda_build_runs_every_weight_gemm_in_bfloat16(exported: Path, cuda_engine: Callable[..., tuple[Path, str]], merged: bool) -> None:
     engine, progress = cuda_engine("--precision", "bf16", *(("--merged-projections",) if merged else ()))
     done = "8 merged projections, 16 bfloat16 GEMMs" if merged else "31 bfloat16 GEMMs"
-    assert f"prefill.onnx: 3 GatedDeltaNet nodes, 20 fused norms, 14 sigmoids, {done}" in progress
+    assert f"prefill.onnx: 3 GatedDeltaNet nodes, 20 fused norms, 14 sigmoids, 2 rotary section selections, {done}" in progress
     manifest = json.loads((engine / "manifest.json").read_text())
     assert manifest["precision"] == "bf16" and manifest["gated_delta_kernel"] == "GatedDeltaNet" and manifest["provider_options"]["use_tf32"] == 0
     assert manifest["merged_projections"] is merged

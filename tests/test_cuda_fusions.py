@@ -111,9 +111,10 @@ def test_cuda_builds_fuse_unless_told_not_to(exported: Path, cuda_engine: Callab
         if fusion:
             ops = Counter(node.op_type for node in onnx.load_from_string(built).graph.node)
             assert ops["SimplifiedLayerNormalization"] == 20 and ops["Sigmoid"] == 14
+            assert ops["Where"] >= 4 and not ops["ScatterND"] and not ops["ScatterElements"]  # the rotary sections
         else:  # nothing to rewrite: the export's own file
             assert built == (exported / f"{graph}.fused.onnx").read_bytes()
-    assert ("prefill.onnx: 20 fused norms, 14 sigmoids" in progress) is fusion
+    assert ("prefill.onnx: 20 fused norms, 14 sigmoids, 2 rotary section selections" in progress) is fusion
 
 
 def test_fused_cuda_engine_answers_as_the_reference_on_the_cpu(cuda_engine: Callable[..., tuple[Path, str]], tiny_vela: Path, tmp_path: Path) -> None:
