@@ -30,10 +30,9 @@ ROWS = 3  # T, H and W
 PROBE_SHAPE = (2, 3)  # the probe's batch and length: any will do, the chain's columns do not depend on them
 
 
-def _chain(graph: onnx.GraphProto, index: GraphIndex, rows: str, result: str) -> list[onnx.NodeProto] | None:
+def _chain(graph: onnx.GraphProto, index: GraphIndex, producer: dict[str, onnx.NodeProto], rows: str, result: str) -> list[onnx.NodeProto] | None:
     """The nodes between ``rows`` and ``result`` (``result``'s ancestors back to ``rows``, in graph order) where
     they read nothing else but constants and only each other or ``result``'s readers read them; None otherwise."""
-    producer = {name: node for node in graph.node for name in node.output}
     chain: dict[int, onnx.NodeProto] = {}
     pending = [result]
     while pending:
@@ -48,12 +47,11 @@ def _chain(graph: onnx.GraphProto, index: GraphIndex, rows: str, result: str) ->
         if id(node) not in chain:
             chain[id(node)] = node
             pending.extend(node.input)
-    names = {name for node in chain.values() for name in node.output}
     for node in chain.values():
         for name in node.output:
             if name != result and (name in index.outputs or any(id(reader) not in chain for reader in index.consumers[name])):
                 return None
-    if result in index.outputs or rows not in {name for node in chain.values() for name in node.input} or rows in names:
+    if result in index.outputs or rows not in {name for node in chain.values() for name in node.input}:
         return None
     return [node for node in graph.node if id(node) in chain]
 
@@ -89,17 +87,16 @@ def select_rotary_sections(model: onnx.ModelProto) -> int:
     (see the module docstring); returns how many."""
     graph = model.graph
     index = GraphIndex(graph)
+    producer = {name: node for node in graph.node for name in node.output}
+    doubled = [node.input[0] for node in graph.node if node.op_type == "Concat" and len(node.input) == 2 and node.input[0] == node.input[1]]
     replacements = []
     for node in [node for node in graph.node if node.op_type in ("Cos", "Sin") and not node.domain]:
         rows = node.output[0]
         dims = index.dims(rows)
         if not dims or len(dims) != 4 or dims[0] != ROWS or not isinstance(dims[-1], int):
             continue
-        for doubling in [reader for reader in graph.node if reader.op_type == "Concat" and len(reader.input) == 2]:
-            result = doubling.input[0]
-            if doubling.input[1] != result:
-                continue
-            chain = _chain(graph, index, rows, result)
+        for result in doubled:
+            chain = _chain(graph, index, producer, rows, result)
             sources = None if chain is None else _sources(chain, index, rows, result, dims[-1], model)
             if sources is None:
                 continue

@@ -424,11 +424,8 @@ class OnnxRuntimeRunner:
         rows = self._row_graphs.get(key)
         if rows is None and state.graph is not None and len(self._row_graphs) < cuda_graphs.MAX_GRAPHS:
             index = onnxruntime.OrtValue.ortvalue_from_shape_and_type([len(owners)], np.int64, self.device, self._device_id)
-            binding = self._rows.io_binding()
+            binding = self._row_binding(state, into)
             binding.bind_ortvalue_input("index", index)
-            for i, (value, target) in enumerate(zip(state.values, into, strict=True)):
-                binding.bind_ortvalue_input(f"state.{i}", value)
-                binding.bind_ortvalue_output(f"gathered.{i}", target)
             rows = Graph(self._rows, {"index": index}, dict(zip(names, into, strict=True)), binding, run_options(len(self._row_graphs) + 1))
             self._row_graphs[key] = rows
         if rows is None:
@@ -440,13 +437,19 @@ class OnnxRuntimeRunner:
         self, state: PrefixState, owners: np.ndarray, into: Sequence[onnxruntime.OrtValue] | None = None
     ) -> list[onnxruntime.OrtValue]:
         """Each block's row of every state tensor, gathered where the state lives (into the buffers ``into``, if given)."""
-        binding = self._rows.io_binding()
+        binding = self._row_binding(state, into)
         binding.bind_cpu_input("index", owners)
+        self._rows.run_with_iobinding(binding, self._uncaptured)
+        return binding.get_outputs()
+
+    def _row_binding(self, state: PrefixState, into: Sequence[onnxruntime.OrtValue] | None) -> onnxruntime.IOBinding:
+        """The row gather's binding of ``state``'s tensors and of its outputs (into ``into``, or new values where the
+        state lives); the caller binds the index."""
+        binding = self._rows.io_binding()
         for i, value in enumerate(state.values):
             binding.bind_ortvalue_input(f"state.{i}", value)
             if into is None:
                 binding.bind_output(f"gathered.{i}", self.device, self._device_id)
             else:
                 binding.bind_ortvalue_output(f"gathered.{i}", into[i])
-        self._rows.run_with_iobinding(binding, self._uncaptured)
-        return binding.get_outputs()
+        return binding
