@@ -1,5 +1,5 @@
-"""Span heads begun during the forward: the runner hands each block over as its call ends, the longest
-group first, and ``Vela2Model.forward`` starts the span head on each span block it gets
+"""Heads begun during the forward: the runner hands each block over as its call ends, the longest group
+first, and ``Vela2Model.forward`` starts the head of each read block it gets, span or candidate
 (``PlanHidden``); the answers are those of the heads run after the forward, bit for bit."""
 
 from __future__ import annotations
@@ -57,37 +57,49 @@ def test_runner_hands_every_block_over_once_as_returned(cpu_engine: Path) -> Non
     assert all(np.array_equal(a, b) for x, y in zip(out, plain, strict=True) for a, b in zip(x, y, strict=True))
 
 
-def test_span_heads_begin_in_the_forward_and_answer_as_after_it(engine_model: Vela2Model, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_heads_begin_in_the_forward_and_answer_as_after_it(engine_model: Vela2Model, monkeypatch: pytest.MonkeyPatch) -> None:
     body = _router_request()
     plan = engine_model.plan(body)
-    span_blocks = [id(block) for _, blocks in plan.trees for block in blocks if block.read and block.is_span]
-    assert span_blocks, "the router request has a span question"
+    read = [block for _, blocks in plan.trees for block in blocks if block.read]
+    assert any(block.is_span for block in read) and any(not block.is_span for block in read), "the router request has both heads"
     hidden = engine_model.forward([plan])[0]
-    assert isinstance(hidden, PlanHidden) and set(hidden.spans) == set(span_blocks)
+    assert isinstance(hidden, PlanHidden) and set(hidden.heads) == {id(block) for block in read}
     late = engine_model.read([plan], [list(tree) for tree in hidden])[0]  # a plain list: every head after the forward
     early = engine_model.readout(plan, hidden)
-    assert early.keys() == late.keys()
+    assert early.keys() == late.keys() == set(hidden.heads)
     assert all(np.array_equal(early[key], late[key]) for key in late)
     assert engine_model.finish(plan, early) == engine_model.finish(plan, late)
 
-    # The started heads are what readout uses: with the span head gone, readout still answers from them.
+    # The started heads are what readout uses: with both heads gone, readout still answers from them.
     def refused(*_: object) -> np.ndarray:
-        raise AssertionError("the span head ran again after the forward")
+        raise AssertionError("a head ran again after the forward")
 
     monkeypatch.setattr(engine_model, "_read_span", refused)
+    monkeypatch.setattr(engine_model.candidate, "blocks", refused)
     again = engine_model.readout(plan, hidden)
     assert all(np.array_equal(again[key], late[key]) for key in late)
     with pytest.raises(AssertionError, match="ran again"):
         engine_model.read([plan], [list(tree) for tree in hidden])
 
 
-def test_each_forward_keeps_its_own_span_heads(engine_model: Vela2Model) -> None:
+def test_late_candidates_start_only_span_heads(engine_model: Vela2Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``early_candidates`` off (an A/B's before arm): only span heads start, and the answers stay the same."""
+    plan = engine_model.plan(_router_request())
+    early = engine_model.readout(plan, engine_model.forward([plan])[0])
+    monkeypatch.setattr(engine_model, "early_candidates", False)
+    hidden = engine_model.forward([plan])[0]
+    assert set(hidden.heads) == {id(block) for _, blocks in plan.trees for block in blocks if block.read and block.is_span}
+    late = engine_model.readout(plan, hidden)
+    assert late.keys() == early.keys() and all(np.array_equal(early[key], late[key]) for key in early)
+
+
+def test_each_forward_keeps_its_own_heads(engine_model: Vela2Model) -> None:
     """One plan forwarded twice (a merged check runs a plan alone and merged) gets two sets of heads, each
     read from its own forward's rows."""
     plan = engine_model.plan(_router_request())
     first, second = engine_model.forward([plan])[0], engine_model.forward([plan, engine_model.plan(_router_request())])[0]
-    assert first.spans.keys() == second.spans.keys()
-    assert all(first.spans[key] is not second.spans[key] for key in first.spans)
+    assert first.heads.keys() == second.heads.keys()
+    assert all(first.heads[key] is not second.heads[key] for key in first.heads)
     for hidden in (first, second):
         plain = engine_model.read([plan], [list(tree) for tree in hidden])[0]
         started = engine_model.readout(plan, hidden)

@@ -96,18 +96,18 @@ class Vela2Plan:
 
 class PlanHidden(list):
     """One plan's entry of ``Vela2Model.forward``: per tree, per block, the hidden states at its readouts; and
-    ``spans``, the span head's scores of each span block (by ``id`` of its ``RenderedBlock``), begun on
-    ``_SPAN_READOUTS`` as soon as the runner handed the block over. The runner runs the longest blocks
-    first (a span block carries its text again), so on a GPU the span head, most of a request's CPU
-    work, overlaps the forwards of the other blocks (``benchmarks/README.md``, "readout overlap")."""
+    ``heads``, the head output of each read block (by ``id`` of its ``RenderedBlock``), begun on ``_HEAD_READOUTS``
+    as soon as the runner handed the block over. The runner runs the longest blocks first (a span block carries
+    its text again), so on a GPU the span head, most of a request's CPU work, and the candidate heads of all but
+    the last call's blocks overlap the forwards of the other blocks (``benchmarks/README.md``, "readout overlap")."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.spans: dict[int, Future[np.ndarray]] = {}
+        self.heads: dict[int, Future[np.ndarray]] = {}
 
 
-# Span heads begun during a forward: each fans its word chunks out to the span head's own threads.
-_SPAN_READOUTS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="s1omni-span-readout")
+# Heads begun during a forward: a span head fans its word chunks out to the span head's own threads.
+_HEAD_READOUTS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="s1omni-head-readout")
 
 
 def head_tensors(package: VerifiedPackage) -> dict[str, np.ndarray]:
@@ -124,6 +124,8 @@ class Vela2Model:
     validation: dict[str, Any] | None = None  # a validated engine's: the gate it met (``runtime.engine.served_validation``)
     packed_check: dict[str, Any] | None = None  # an engine's packed forwards against exact (``s1omni validate --shared-context``)
     merged_packed_check: dict[str, Any] | None = None  # its merged packed forwards against alone (``--merged N --shared-context``)
+    # Whether candidate heads start during the forward too, as span heads do (off: after it, for an A/B of the two)
+    early_candidates = True
 
     def __init__(
         self,
@@ -298,8 +300,8 @@ class Vela2Model:
         def ready(tree: int, number: int, rows: np.ndarray) -> None:
             result, blocks = owners[tree]
             block = blocks[number]
-            if block.read and block.is_span:
-                result.spans[id(block)] = _SPAN_READOUTS.submit(self._read_span, block, rows)
+            if block.read and (block.is_span or self.early_candidates):
+                result.heads[id(block)] = _HEAD_READOUTS.submit(self._read_block, block, rows)
 
         trees = [tree for plan in plans for tree, _ in plan.trees]
         hidden = iter(run(trees, ready) if trees else [])
@@ -316,29 +318,42 @@ class Vela2Model:
         return [self.readout(plan, hidden) for plan, hidden in zip(plans, self.forward(plans), strict=True)]
 
     def read(self, plans: Sequence[Vela2Plan], hidden: Sequence[Sequence[np.ndarray]]) -> list[dict[int, np.ndarray]]:
-        """Head outputs from the runner's hidden states (per tree of ``plans`` in order, per block).
-        A plan's candidate blocks go through the candidate head in one call (``CandidateHead.blocks``:
-        each block's logits bitwise those it gets alone). A span block whose head ``forward`` started
-        (``hidden`` a ``PlanHidden``) gives that head's scores, the same function of the same rows."""
+        """Head outputs from the runner's hidden states (per tree of ``plans`` in order, per block). A block whose
+        head ``forward`` started (``hidden`` a ``PlanHidden``) gives that head's output, the same function of the
+        same rows; a plan's other candidate blocks go through the candidate head in one call
+        (``CandidateHead.blocks``: each block's logits bitwise those it gets alone)."""
         results: list[dict[int, np.ndarray]] = []
-        started = hidden.spans if isinstance(hidden, PlanHidden) else {}
+        started = hidden.heads if isinstance(hidden, PlanHidden) else {}
         trees = iter(hidden)
         for plan in plans:
             outputs: dict[int, np.ndarray] = {}
             candidates: list[tuple[RenderedBlock, np.ndarray]] = []
             for _, blocks in plan.trees:
                 for block, rows in zip(blocks, next(trees), strict=True):
-                    if block.read and block.is_span:
-                        outputs[id(block)] = started[id(block)].result() if id(block) in started else self._read_span(block, rows)
-                    elif block.read:
+                    if not block.read:
+                        continue
+                    if id(block) in started:
+                        outputs[id(block)] = started[id(block)].result()
+                    elif block.is_span:
+                        outputs[id(block)] = self._read_span(block, rows)
+                    else:
                         candidates.append((block, rows))
             if candidates:
-                queries = np.stack([rows[-1] for _, rows in candidates])
-                logits = self.candidate.blocks([rows[:-1] for _, rows in candidates], queries)
+                logits = self.candidate.blocks([rows[:-1] for _, rows in candidates], np.stack([rows[-1] for _, rows in candidates]))
                 for (block, _), values in zip(candidates, logits, strict=True):
-                    outputs[id(block)] = values + self.set_bias if block.question.type == "set" else values
+                    outputs[id(block)] = self._biased(block, values)
             results.append(outputs)
         return results
+
+    def _read_block(self, block: RenderedBlock, rows: np.ndarray) -> np.ndarray:
+        """The head output of one read block from its readout rows: ``read``'s, for one block."""
+        if block.is_span:
+            return self._read_span(block, rows)
+        return self._biased(block, self.candidate.blocks([rows[:-1]], rows[-1][None])[0])
+
+    def _biased(self, block: RenderedBlock, logits: np.ndarray) -> np.ndarray:
+        """A candidate block's logits as answered: a set question's shifted by the set bias."""
+        return logits + self.set_bias if block.question.type == "set" else logits
 
     def _read_span(self, block: RenderedBlock, rows: np.ndarray) -> np.ndarray:
         """Span head output of one block from its readout rows (see ``RenderedBlock.readouts``)."""
