@@ -136,6 +136,23 @@ def test_span_answer_threshold_clipping_and_noul() -> None:
     assert response["thresholds"]["q"] == 0.5 and response["span_heads"]["q"] == "router"
 
 
+def test_span_answer_settles_units_in_the_gate_and_the_decode() -> None:
+    """An e-mail address read as three words, the middle one below the threshold: its unit fills it, so the
+    answer is one span (three without units), and the PII sparse gate's probe counts that one span too."""
+    text = "mail jane.doe@example.org now"
+    offsets = np.asarray([[0, 4], [5, 9], [9, 13], [13, 25], [26, 29]], np.int32)
+    logits = np.asarray([[-3.0], [1.0], [-1.0], [1.0], [-3.0]])  # sigmoid(x / 0.4): 0.92 and 0.076 around 0.5
+    span = RawSpan(["EMAIL_ADDRESS"], offsets, logits, "router")
+    raw = RawRow(tokens={"user": 126}, input_tokens=0, span=span)  # the length rule's 0.05: under t_sparse
+    gated = Calibration({**fixture_calibration(), "pii_sparse_gate": {"K": 1, "t_sparse": 0.6, "probe_threshold": 0.5}})
+    question = _question("span", [("EMAIL_ADDRESS", "an address")])
+    response: dict = {"answers": {}}
+    Answerer(gated).answer(question, raw, State((Part("user", text),), {}), response)
+    assert [s["text"] for s in response["spans"]["q"]] == ["jane.doe@example.org"]
+    # One span at the probe (K = 1) moved the length rule's threshold to t_sparse: three spans would not have.
+    assert response["thresholds"]["q"] == 0.6
+
+
 def test_window_logits_are_averaged_and_uncovered_words_get_minus_30() -> None:
     from s1omni.runtime.vela2.layout import EncodedPart, RenderedBlock, Row, RowTrees
     from s1omni.runtime.vela2.model import Vela2Model

@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from s1omni.runtime.synth.tokenizer import train_tokenizer
-from s1omni.runtime.vela2.words import _UNIT_RE, Words, decode_spans, trim, words_of
+from s1omni.runtime.vela2.words import _UNIT_RE, Words, decode_spans, trim, word_units, words_of
 
 
 def split(text: str) -> list[tuple[int, int]]:
@@ -337,7 +337,8 @@ def _random_words(rng: np.random.Generator, text: str) -> list[tuple[int, int]]:
 def test_decoder_matches_the_plain_reference_on_random_texts():
     """Random texts of words, units (e-mails, URLs, handles), CJK, brackets and odd spaces; random
     word cuts and probabilities, dyadic ones for tied votes and means at the threshold: the
-    decoder's spans equal the reference's exactly (labels, offsets, float32 means)."""
+    decoder's spans equal the reference's exactly (labels, offsets, float32 means), with the words' units
+    computed by the decoder or given to it (``word_units``, as a caller decoding one text twice gives them)."""
     rng = np.random.default_rng(0)
     spans_seen = edge_spans = 0
     for case in range(600):
@@ -353,6 +354,9 @@ def test_decoder_matches_the_plain_reference_on_random_texts():
         want = _reference_decode(rows, offsets, labels, text, threshold)
         got = decode(rows, offsets or np.zeros((0, 2)), text, threshold, labels)
         assert got == want, (text, offsets, rows.tolist(), threshold)
+        if offsets:
+            given = np.array(offsets, np.int32)
+            assert decode_spans(rows, given, labels, text, threshold, word_units(text, given)) == want
         assert all(type(s["probability"]) is float for s in got)
         spans_seen += len(want)
         edge_spans += sum(s["start"] <= offsets[0][1] or s["end"] >= offsets[-1][0] for s in want)

@@ -25,7 +25,7 @@ from ..digest import canonical_json
 from ..errors import INVALID_MODEL_OUTPUT, item_error
 from .calibration import Calibration, sigmoid, softmax
 from .request import Question, State
-from .words import decode_spans, trim
+from .words import decode_spans, trim, word_units
 
 NOUL_YES = 1  # Noul's options are (no, yes)
 COMPLETE = "complete"  # ``input_coverage`` of a question that required its full input
@@ -151,9 +151,10 @@ class Answerer:
         if not np.all(np.isfinite(probabilities)):
             raise ValueError("its span word probabilities are not all finite")
         has_words = len(span.offsets) > 0
+        units = word_units(text, span.offsets) if has_words else None  # the sparse gate's decode and the answer's
         if rule.startswith("pii:"):
-            threshold, rule = self.calibration.sparse_gate(probabilities, span.offsets, span.labels, text, threshold, rule)
-        decoded = decode_spans(probabilities, span.offsets, span.labels, text, threshold) if has_words else []
+            threshold, rule = self.calibration.sparse_gate(probabilities, span.offsets, span.labels, text, threshold, rule, units)
+        decoded = decode_spans(probabilities, span.offsets, span.labels, text, threshold, units) if has_words else []
         alias = span.alias or {}
         low, high = question.span_range or (0, len(text))
         spans = []

@@ -91,14 +91,16 @@ class Calibration:
         return float(thresholds["span:*"]), "span:*"
 
     def sparse_gate(
-        self, probabilities: np.ndarray, offsets: np.ndarray, labels: list[str], text: str, threshold: float, rule: str
-    ) -> tuple[float, str]:
-        """A document with at most K spans at the probe threshold decodes at ``t_sparse`` instead."""
+        self, probabilities: np.ndarray, offsets: np.ndarray, labels: list[str], text: str, threshold: float, rule: str,
+        units: np.ndarray | None = None,
+    ) -> tuple[float, str]:  # fmt: skip
+        """A document with at most K spans at the probe threshold decodes at ``t_sparse`` instead (``units``: as
+        ``decode_spans`` takes them)."""
         gate = self.raw.get("pii_sparse_gate")
         if not gate or gate.get("K", -1) < 0 or threshold >= gate["t_sparse"] or not len(offsets):
             return threshold, rule
         probe = float(gate.get("probe_threshold", 0.5))
-        if len(decode_spans(probabilities, offsets, labels, text, probe)) <= gate["K"]:
+        if len(decode_spans(probabilities, offsets, labels, text, probe, units)) <= gate["K"]:
             return float(gate["t_sparse"]), rule + "+sparse"
         return threshold, rule
 

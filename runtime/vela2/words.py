@@ -105,8 +105,9 @@ def _visible_starts(text: str, offsets: npt.NDArray[np.integer]) -> npt.NDArray[
     return starts
 
 
-def _unit_ids(text: str, offsets: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
-    """The unit holding each word's first non-space character, or -1 when there is none."""
+def word_units(text: str, offsets: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
+    """The unit holding each word's first non-space character, or -1 when there is none: what ``decode_spans``
+    settles labels by, a function of the text alone (a caller decoding one text twice computes it once)."""
     bounds = np.asarray([m.span() for m in _UNIT_RE.finditer(text)], np.int64).reshape(-1, 2)
     first = _visible_starts(text, offsets)
     unit = np.searchsorted(bounds[:, 0], first, side="right") - 1
@@ -190,13 +191,15 @@ def decode_spans(
     labels: Sequence[str],
     text: str,
     threshold: float,
+    units: npt.NDArray[np.int64] | None = None,
 ) -> list[dict[str, str | int | float]]:
     """Labelled spans from word x label probabilities.
 
     Each word takes its most probable label when that probability is strictly above ``threshold``,
     both in float32 as the packages compare. Within one unit, disagreeing labels are settled by
     summed probability and unlabelled words between labelled ones are filled; runs of words with
-    the same label become spans, trimmed, with the float32 mean probability of their words.
+    the same label become spans, trimmed, with the float32 mean probability of their words. ``units``:
+    ``word_units(text, word_offsets)``, where the caller has it.
     """
     probs = np.asarray(probabilities, np.float32)
     offsets = np.asarray(word_offsets)
@@ -207,7 +210,7 @@ def decode_spans(
     label = np.where(best > np.float32(threshold), best_label, -1).astype(np.int64)
     if not (label >= 0).any():
         return []
-    _settle(label, best, _unit_ids(text, offsets), probs.shape[1])
+    _settle(label, best, word_units(text, offsets) if units is None else units, probs.shape[1])
     begins, stops = _runs(label)
     kept = label[begins] >= 0
     begins, stops = begins[kept], stops[kept]
