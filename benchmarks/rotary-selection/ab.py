@@ -1,12 +1,14 @@
 """Engines arm against arm in one process: each workload on every arm, round by round in rotating order.
 
     python3 benchmarks/rotary-selection/ab.py --arm before=ENGINE --arm after=ENGINE --unvalidated before \
-        --out ab.json [--workloads router,backbone-128] [--late-candidates NAME]
+        --out ab.json [--workloads router,backbone-128] [--late-candidates NAME] [--graph-tokens NAME=N]
 
 Each arm is an engine directory, each directory loaded once (``load_engine_model``; arms of one directory share
 its model; an engine of an arm named by ``--unvalidated`` may lack a gate's verdict: the record then says whether
 its answers equal a validated arm's); an arm named by ``--late-candidates`` runs its candidate heads after the
-forward (``Vela2Model.early_candidates`` off, as before they began during it). Per workload
+forward (``Vela2Model.early_candidates`` off, as before they began during it); an arm named by ``--graph-tokens``
+captures CUDA graphs of calls up to N tokens (``cuda_graphs.MAX_GRAPH_TOKENS``, 4,096 unless told: a merged
+forward's prefill and longest blocks are past it). Per workload
 (``s1omni.bench.workloads``) every arm is warmed up (three calls, the first one's answers hashed: SHA-256 of their
 JSON), then timed one call an arm a round, ``--rounds`` rounds, the order rotating; the record keeps every sample
 (ms), p50 and p95 (nearest rank) and, for the first workload (or ``--profiled``), ``s1omni.bench.profiler``'s capture of each arm
@@ -26,6 +28,7 @@ from s1omni.bench.profiler import capture
 from s1omni.bench.stats import nearest_rank, now, time_calls
 from s1omni.bench.workloads import named
 from s1omni.runtime.engine import load_engine_model
+from s1omni.runtime.runners import cuda_graphs
 
 
 def _digest(result: Any) -> str:
@@ -37,6 +40,7 @@ def main() -> None:
     parser.add_argument("--arm", action="append", required=True, help="NAME=ENGINE, twice or more")
     parser.add_argument("--unvalidated", action="append", default=[], help="an arm whose engine may lack a gate's verdict")
     parser.add_argument("--late-candidates", action="append", default=[], help="an arm whose candidate heads run after the forward")
+    parser.add_argument("--graph-tokens", action="append", default=[], help="NAME=N: that arm captures calls of up to N tokens")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--workloads", default="router,backbone-128")
     parser.add_argument("--rounds", type=int, default=12)
@@ -50,12 +54,17 @@ def main() -> None:
     record: dict[str, Any] = {"format": "s1omni-engine-ab/1", "arms": engines, "unvalidated": args.unvalidated,
                               "late_candidates": args.late_candidates, "started": now(), "rounds": args.rounds, "workloads": {}}  # fmt: skip
 
+    graph_tokens = {name: int(tokens) for name, tokens in (arm.split("=", 1) for arm in args.graph_tokens)}
+    record["graph_tokens"] = graph_tokens
+
     def arm_call(name: str, workload: str) -> Callable[[], Any]:
         model, early = loaded[engines[name]], name not in args.late_candidates
+        tokens = graph_tokens.get(name, cuda_graphs.MAX_GRAPH_TOKENS)
         call = named(workload, model.family).call(model)
 
         def run() -> Any:
             model.early_candidates = early
+            cuda_graphs.MAX_GRAPH_TOKENS = tokens
             return call()
 
         return run

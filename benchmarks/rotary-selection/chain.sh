@@ -7,10 +7,11 @@
 # /tmp/ort-include, then poll "chain done"; name the record after the card.
 #  g  tests/test_cuda_graphs.py on the GPU (the row gather's binding restructured since its last GPU run)
 #  e  the 0.8B: ChunkedGatedDeltaRule bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16
-#     built and validated (gpu-reduced); the same build without the selection (build_unselected.py); ab.py, three
+#     built and validated (gpu-reduced); the same build without the selection (build_unselected.py); ab.py, four
 #     arms (router, router@8; each arm profiled on both): without the selection and with the candidate heads after
-#     the forward (as before both), with the selection and late candidates, with both; then s1omni bench (router,
-#     backbone; both references; the router profiled)
+#     the forward (as before both), with the selection and late candidates, with both, and with both capturing
+#     calls of up to 16,384 tokens (router@8's prefill and span blocks too); then s1omni bench (router, backbone;
+#     both references; the router profiled)
 #  n  the 9B: bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/rotary/attn16 (the 4B's), built,
 #     validated, ab.py on the router (late candidates against early) and timed the same way
 # The 9B is synthesized, exported and built before anything is timed: nothing else loads the host during a timing.
@@ -46,8 +47,9 @@ S1OMNI_HOME=$S1OMNI_WORK/home python3 $D/build_unselected.py $S1OMNI_SCRATCH/exp
 wait $tests $build9
 if passed $R/e/validate-0.8B-$(name $NEW08).json; then
   S1OMNI_HOME=$S1OMNI_WORK/home python3 $D/ab.py --arm unselected=$S1OMNI_SCRATCH/engine-0.8B-unselected \
-    --arm selected-late=$ENGINE08 --arm selected=$ENGINE08 --unvalidated unselected --late-candidates unselected \
-    --late-candidates selected-late --workloads router,router@8 --profiled router,router@8 --profile-iterations 3 \
+    --arm selected-late=$ENGINE08 --arm selected=$ENGINE08 --arm selected-16k=$ENGINE08 --unvalidated unselected \
+    --late-candidates unselected --late-candidates selected-late --graph-tokens selected-16k=16384 \
+    --workloads router,router@8 --profiled router,router@8 --profile-iterations 3 \
     --out $R/e/ab.json > $R/e/ab.log 2>&1
   log "rc-e-ab $?"; pack e
   env KERNELS=$K PRECISIONS=$NEW08 WORKLOADS=router,backbone REQUESTS=10 PROFILE=router \
