@@ -99,7 +99,7 @@ class PlanHidden(list):
     ``heads``, the head output of each read block (by ``id`` of its ``RenderedBlock``), begun on ``_HEAD_READOUTS``
     as soon as the runner handed the block over. The runner runs the longest blocks first (a span block carries
     its text again), so on a GPU the span head, most of a request's CPU work, and the candidate heads of all but
-    the last call's blocks overlap the forwards of the other blocks (``benchmarks/README.md``, "readout overlap")."""
+    the last call's blocks overlap the forwards of the other blocks (``benchmarks/README.md``, "Span heads during the forward")."""
 
     def __init__(self) -> None:
         super().__init__()
