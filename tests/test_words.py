@@ -68,6 +68,11 @@ def test_no_words_or_nothing_above_threshold():
     assert decode_spans(np.zeros((0, 1)), np.zeros((0, 2), np.int32), ["X"], "", 0.5) == []
     assert decode([[0.25], [0.5]], [(0, 1), (2, 3)], "a b") == []
 
+    def unasked() -> np.ndarray:
+        raise AssertionError("units computed for a text with no labelled word")
+
+    assert decode_spans(np.array([[0.25], [0.5]]), np.array([[0, 1], [2, 3]], np.int32), ["X"], "a b", 0.5, unasked) == []
+
 
 def test_span_that_trims_to_nothing_is_dropped():
     assert decode([[0.75], [0.25]], [(0, 1), (2, 3)], "( x") == []
@@ -356,7 +361,7 @@ def test_decoder_matches_the_plain_reference_on_random_texts():
         assert got == want, (text, offsets, rows.tolist(), threshold)
         if offsets:
             given = np.array(offsets, np.int32)
-            assert decode_spans(rows, given, labels, text, threshold, word_units(text, given)) == want
+            assert decode_spans(rows, given, labels, text, threshold, lambda: word_units(text, given)) == want
         assert all(type(s["probability"]) is float for s in got)
         spans_seen += len(want)
         edge_spans += sum(s["start"] <= offsets[0][1] or s["end"] >= offsets[-1][0] for s in want)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -151,7 +152,8 @@ class Answerer:
         if not np.all(np.isfinite(probabilities)):
             raise ValueError("its span word probabilities are not all finite")
         has_words = len(span.offsets) > 0
-        units = word_units(text, span.offsets) if has_words else None  # the sparse gate's decode and the answer's
+        # Computed once for the sparse gate's decode and the answer's, and only if one of them labels a word.
+        units = cache(partial(word_units, text, span.offsets))
         if rule.startswith("pii:"):
             threshold, rule = self.calibration.sparse_gate(probabilities, span.offsets, span.labels, text, threshold, rule, units)
         decoded = decode_spans(probabilities, span.offsets, span.labels, text, threshold, units) if has_words else []

@@ -10,6 +10,7 @@ threshold linear in log token count, clamped at the end anchors) then the sparse
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,7 @@ class Calibration:
 
     def sparse_gate(
         self, probabilities: np.ndarray, offsets: np.ndarray, labels: list[str], text: str, threshold: float, rule: str,
-        units: np.ndarray | None = None,
+        units: Callable[[], np.ndarray] | None = None,
     ) -> tuple[float, str]:  # fmt: skip
         """A document with at most K spans at the probe threshold decodes at ``t_sparse`` instead (``units``: as
         ``decode_spans`` takes them)."""

@@ -12,7 +12,7 @@ case, float32 comparisons and means, float64 vote sums
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,7 +107,7 @@ def _visible_starts(text: str, offsets: npt.NDArray[np.integer]) -> npt.NDArray[
 
 def word_units(text: str, offsets: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
     """The unit holding each word's first non-space character, or -1 when there is none: what ``decode_spans``
-    settles labels by, a function of the text alone (a caller decoding one text twice computes it once)."""
+    settles labels by, a function of the text and its words alone."""
     bounds = np.asarray([m.span() for m in _UNIT_RE.finditer(text)], np.int64).reshape(-1, 2)
     first = _visible_starts(text, offsets)
     unit = np.searchsorted(bounds[:, 0], first, side="right") - 1
@@ -191,15 +191,16 @@ def decode_spans(
     labels: Sequence[str],
     text: str,
     threshold: float,
-    units: npt.NDArray[np.int64] | None = None,
+    units: Callable[[], npt.NDArray[np.int64]] | None = None,
 ) -> list[dict[str, str | int | float]]:
     """Labelled spans from word x label probabilities.
 
     Each word takes its most probable label when that probability is strictly above ``threshold``,
     both in float32 as the packages compare. Within one unit, disagreeing labels are settled by
     summed probability and unlabelled words between labelled ones are filled; runs of words with
-    the same label become spans, trimmed, with the float32 mean probability of their words. ``units``:
-    ``word_units(text, word_offsets)``, where the caller has it.
+    the same label become spans, trimmed, with the float32 mean probability of their words. ``units``
+    gives ``word_units(text, word_offsets)`` where a caller decoding one text twice keeps it (called only
+    when some word is labelled).
     """
     probs = np.asarray(probabilities, np.float32)
     offsets = np.asarray(word_offsets)
@@ -210,7 +211,7 @@ def decode_spans(
     label = np.where(best > np.float32(threshold), best_label, -1).astype(np.int64)
     if not (label >= 0).any():
         return []
-    _settle(label, best, word_units(text, offsets) if units is None else units, probs.shape[1])
+    _settle(label, best, word_units(text, offsets) if units is None else units(), probs.shape[1])
     begins, stops = _runs(label)
     kept = label[begins] >= 0
     begins, stops = begins[kept], stops[kept]
