@@ -18,6 +18,13 @@ opened or answered after it closed is not one. Requests per second are the sampl
 window. A sample runs on the client clock from the send to the fully parsed body; the request body
 is serialized once, before any clock starts. Each response's ``Server-Timing`` header splits the
 server's share into its stages.
+
+The clients are aiohttp's (its HTTP parser is C): what a client costs a request is in every sample, and
+httpx's asyncio client cost 2 ms more a request than aiohttp's against the same uvicorn app (h11, as
+``s1omni serve`` parses) on a 2-core host: p50 2.72-2.92 ms against 0.77-0.92 ms for a 12 KB request
+and its answer (``benchmarks/cpu-http-client/``), most of the 5 ms by which one client's p50 may
+exceed the in-process p50 (issue 17). The untimed control calls (``/health``, ``/v1/models``) use the
+standard library.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -38,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from .stats import DIGITS, median_by_key, now, summarize, to_ms
 from .workloads import answer_errors
@@ -88,22 +97,35 @@ def _log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
 
+# No proxy from the environment: the servers measured are on this host.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _get(url: str, timeout_s: float) -> tuple[int, bytes]:
+    """``(status, body)`` of a GET, whatever the status; ``OSError`` when nothing answers."""
+    try:
+        with _DIRECT.open(url, timeout=timeout_s) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as refused:
+        with refused:
+            return refused.code, refused.read()
+
+
 def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float, log: Path) -> None:
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(base_url=url, timeout=5, trust_env=False) as client:
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise BenchFailed(f"the server exited with {process.returncode} before it was ready:\n{_log_tail(log)}")
-            try:
-                response = client.get("/health")
-            except httpx.TransportError:  # not listening yet
-                response = None
-            if response is not None and response.status_code == 200:
-                return
-            # Only the server's own 503 is JSON (Ray Serve's proxy answers 404 text until the app is deployed).
-            if response is not None and response.status_code == 503 and response.json().get("status") == "failed":
-                raise BenchFailed(f"the server failed its warm-up: {response.json().get('reason')}\n{_log_tail(log)}")
-            time.sleep(0.2)
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise BenchFailed(f"the server exited with {process.returncode} before it was ready:\n{_log_tail(log)}")
+        try:
+            status, body = _get(f"{url}/health", 5)
+        except OSError:  # not listening yet
+            status, body = None, b""
+        if status == 200:
+            return
+        # Only the server's own 503 is JSON (Ray Serve's proxy answers 404 text until the app is deployed).
+        if status == 503 and json.loads(body).get("status") == "failed":
+            raise BenchFailed(f"the server failed its warm-up: {json.loads(body).get('reason')}\n{_log_tail(log)}")
+        time.sleep(0.2)
     raise BenchFailed(f"/health was not 200 within {timeout_s:.0f} s:\n{_log_tail(log)}")
 
 
@@ -135,8 +157,10 @@ def serving(name: str, serve_args: Sequence[str], log: Path, start_timeout_s: fl
 
 def card(server: Server) -> dict[str, Any]:
     """What the server says it runs: its model card from ``/v1/models``."""
-    with httpx.Client(base_url=server.url, timeout=30, trust_env=False) as client:
-        return client.get("/v1/models").json()["data"][0]
+    status, body = _get(f"{server.url}/v1/models", 30)
+    if status != 200:
+        raise BenchFailed(f"/v1/models answered {status}: {body[:200]!r}")
+    return json.loads(body)["data"][0]
 
 
 @dataclass
@@ -152,7 +176,7 @@ class Load:
     wall_s: float = 0.0
 
 
-async def _closed_loop(client: httpx.AsyncClient, body: bytes, concurrency: int, requests: int, warmup: int) -> Load:
+async def _closed_loop(client: aiohttp.ClientSession, body: bytes, concurrency: int, requests: int, warmup: int) -> Load:
     """``concurrency`` clients in a closed loop: each warms up with ``warmup`` requests, then the
     window runs until each has had ``requests`` answered (or failed) in it."""
     load = Load(per_client=[0] * concurrency)
@@ -172,12 +196,13 @@ async def _closed_loop(client: httpx.AsyncClient, body: bytes, concurrency: int,
             sent += 1
             header, parsed, failure = "", None, None
             try:
-                response = await client.post(PATH, content=body, headers=JSON)
-                if response.status_code == 200:
-                    header, parsed = response.headers.get("server-timing", ""), json.loads(response.content)
+                async with client.post(PATH, data=body, headers=JSON) as response:
+                    content = await response.read()
+                if response.status == 200:
+                    header, parsed = response.headers.get("server-timing", ""), json.loads(content)
                 else:
-                    failure = f"http_{response.status_code}"
-            except httpx.HTTPError as exc:
+                    failure = f"http_{response.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 failure = type(exc).__name__
             ended = time.perf_counter()
             if failure is not None:
@@ -206,17 +231,27 @@ async def _closed_loop(client: httpx.AsyncClient, body: bytes, concurrency: int,
     return load
 
 
+def _session(url: str, connections: int) -> aiohttp.ClientSession:
+    """At most ``connections`` kept-alive connections to ``url`` (one a client)."""
+    return aiohttp.ClientSession(
+        base_url=url, connector=aiohttp.TCPConnector(limit=connections), timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    )
+
+
 async def _warm_instances(url: str, body: bytes, instances: int, rounds: int) -> None:
     """``rounds`` bursts of ``instances`` requests at once, untimed (see the module's docstring)."""
-    limits = httpx.Limits(max_connections=instances, max_keepalive_connections=instances)
-    async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits, trust_env=False) as client:
+
+    async def one(client: aiohttp.ClientSession) -> None:
+        async with client.post(PATH, data=body, headers=JSON) as response:
+            await response.read()
+
+    async with _session(url, instances) as client:
         for _ in range(rounds):
-            await asyncio.gather(*(client.post(PATH, content=body, headers=JSON) for _ in range(instances)))
+            await asyncio.gather(*(one(client) for _ in range(instances)))
 
 
 async def _level(url: str, body: bytes, concurrency: int, requests: int, warmup: int) -> Load:
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits, trust_env=False) as client:
+    async with _session(url, concurrency) as client:
         return await _closed_loop(client, body, concurrency, requests, warmup)
 
 

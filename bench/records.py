@@ -19,7 +19,7 @@ from typing import Any
 FORMAT = "s1omni-bench/2"
 NAN = float("nan")  # a figure a run lacks (every request failed) is left out of the plot
 PACKAGES = (
-    "torch", "transformers", "onnxruntime", "onnxruntime-gpu", "numpy", "tokenizers", "starlette", "uvicorn", "httpx",
+    "torch", "transformers", "onnxruntime", "onnxruntime-gpu", "numpy", "tokenizers", "starlette", "uvicorn", "aiohttp",
     "flash-linear-attention", "fla-core", "triton",
 )  # fmt: skip
 

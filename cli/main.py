@@ -43,7 +43,7 @@ EXIT_CODES = (
 # The extra that brings a module, named when the module is missing.
 INSTALL_HINTS = {
     "onnxruntime": "pip install 's1omni[cpu]', or 's1omni[gpu]' on a CUDA machine",
-    "httpx": "pip install 's1omni[bench]'",
+    "aiohttp": "pip install 's1omni[bench]'",
     "matplotlib": "pip install 's1omni[bench]'",
 }
 VERSION = f"s1omni {__version__}"
