@@ -87,10 +87,10 @@ def test_4_when_the_machine_lacks_a_gpu(tiny_vela: Path, tmp_path: Path) -> None
 def test_4_names_the_extra_a_missing_module_comes_with(
     tiny_vela: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """In process, with httpx made unimportable (as in a serve-only install) and the bench modules unloaded."""
+    """In process, with aiohttp made unimportable (as in a serve-only install) and the bench modules unloaded."""
     import s1omni.bench
 
-    monkeypatch.setitem(sys.modules, "httpx", None)
+    monkeypatch.setitem(sys.modules, "aiohttp", None)
     for name in [name for name in sys.modules if name.startswith("s1omni.bench")]:
         monkeypatch.delitem(sys.modules, name)
     # main's import binds a new s1omni.bench to the package: the old one goes back with its modules, or a later
@@ -98,7 +98,7 @@ def test_4_names_the_extra_a_missing_module_comes_with(
     monkeypatch.setattr(s1omni, "bench", s1omni.bench)
     assert main(["bench", "--package", str(tiny_vela), "--out", str(tmp_path / "record")]) == 4
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("s1omni bench: ") and "httpx" in last and last.endswith("(pip install 's1omni[bench]')")
+    assert last.startswith("s1omni bench: ") and "aiohttp" in last and last.endswith("(pip install 's1omni[bench]')")
 
 
 def test_1_when_an_engine_misses_its_gate(cpu_engine: Path, tiny_vela: Path, tmp_path: Path) -> None:
