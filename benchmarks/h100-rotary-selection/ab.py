@@ -1,6 +1,6 @@
 """Engines arm against arm in one process: each workload on every arm, round by round in rotating order.
 
-    python3 benchmarks/rotary-selection/ab.py --arm before=ENGINE --arm after=ENGINE --unvalidated before \
+    python3 benchmarks/h100-rotary-selection/ab.py --arm before=ENGINE --arm after=ENGINE --unvalidated before \
         --out ab.json [--workloads router,backbone-128] [--late-candidates NAME] [--graph-tokens NAME=N]
 
 Each arm is an engine directory, each directory loaded once (``load_engine_model``; arms of one directory share

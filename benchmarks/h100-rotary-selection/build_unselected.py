@@ -1,6 +1,6 @@
 """``s1omni build`` with the rotary section selection (``s1omni.export.rotary_sections``) left out: ab.py's before arm.
 
-    python3 benchmarks/rotary-selection/build_unselected.py EXPORT --backend onnxruntime ... --out ENGINE
+    python3 benchmarks/h100-rotary-selection/build_unselected.py EXPORT --backend onnxruntime ... --out ENGINE
 
 Every other rewrite of the build is the same, so the two engines differ only in how their rotary embeddings
 interleave their sections (ScatterND and friends here, Gather and Where with the selection).

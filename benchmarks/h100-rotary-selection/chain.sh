@@ -2,7 +2,7 @@
 # Device chain (issues 16 and 17), written on 2026-12-06 (results: g in gpu-tests/, e in 0.8B/, h in
 # 0.8B-http-batching/, n in 9B/): the rotary embedding's section interleaving as a selection
 # (s1omni.export.rotary_sections), timed against the same build without it; the candidate heads begun during the forward (Vela2Model.early_candidates), timed against after it;
-# and the 9B with the newest ops. No device machine came on 2026-12-06 (eleven tries): not yet run. Run with
+# and the 9B with the newest ops. No device machine came on 2026-12-06 (eleven tries); ran on 2026-12-07 on an H100 (chain.txt). Run with
 # scripts/device.sh: start CHAIN (carry .device/p1), stage 2..6, the last with .device/ort-include copied to
 # /tmp/ort-include, then poll "chain done"; name the record after the card.
 #  g  tests/test_cuda_graphs.py on the GPU (the row gather's binding restructured since its last GPU run)
@@ -21,7 +21,7 @@
 set -u
 source scripts/device-chain.sh
 export S1OMNI_ORT_INCLUDE=/tmp/ort-include
-D=benchmarks/rotary-selection
+D=benchmarks/h100-rotary-selection
 mkdir -p $R/g $R/e $R/h $R/n
 K=ChunkedGatedDeltaRule
 NEW08=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16
