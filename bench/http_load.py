@@ -17,7 +17,11 @@ A level thus gives at least ``concurrency x requests`` samples; a request sent b
 opened or answered after it closed is not one. Requests per second are the samples over the
 window. A sample runs on the client clock from the send to the fully parsed body; the request body
 is serialized once, before any clock starts. Each response's ``Server-Timing`` header splits the
-server's share into its stages.
+server's share into its stages (wall time). ``/metrics``, scraped before and after each level, gives
+the server's CPU time per answered request (``server_cpu``): its process's, each thread pool's
+(``s1omni_thread_cpu_seconds``, ``s1omni.server.metrics``) and the rest, outside Python's threads;
+and its forwards' count and mean size. A level whose scrapes did not see every request it answered
+(a Ray Serve replica's own metrics, with several replicas) records none.
 
 The clients are aiohttp's (its HTTP parser is C): what a client costs a request is in every sample, and
 httpx's asyncio client cost 2 ms more a request than aiohttp's against the same uvicorn app (h11, as
@@ -48,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from .stats import DIGITS, median_by_key, now, summarize, to_ms
 from .workloads import answer_errors
@@ -172,6 +177,7 @@ class Load:
     failures: Counter[str] = field(default_factory=Counter)
     answer_errors: int = 0
     per_client: list[int] = field(default_factory=list)  # requests each client had answered in the window
+    answered: int = 0  # 200 responses, timed or not
     untimed: int = 0  # warm-up, and requests the window's ends cut
     wall_s: float = 0.0
 
@@ -205,6 +211,7 @@ async def _closed_loop(client: aiohttp.ClientSession, body: bytes, concurrency: 
             except (aiohttp.ClientError, TimeoutError) as exc:
                 failure = type(exc).__name__
             ended = time.perf_counter()
+            load.answered += failure is None
             if failure is not None:
                 load.failures[failure] += 1  # in the window or not: the run cannot stand
             if not opened.is_set() or begin < window[0] or closed.is_set():
@@ -236,6 +243,54 @@ def _session(url: str, connections: int) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         base_url=url, connector=aiohttp.TCPConnector(limit=connections), timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     )
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+DECISION_PATHS = frozenset({PATH, "/v1/decisions"})
+
+
+def scrape(url: str) -> Samples | None:
+    """Every sample of the server's ``/metrics`` by name and labels; ``None`` where it has none."""
+    try:
+        status, body = _get(f"{url}/metrics", 30)
+    except OSError:
+        return None
+    if status != 200:
+        return None
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(body.decode("utf-8"))
+        for sample in family.samples
+    }
+
+
+def server_cpu(before: Samples | None, after: Samples | None, answered: int) -> dict[str, Any] | None:
+    """The server's CPU per answered decision request between two scrapes, in ms: ``process``, each thread
+    pool's and ``outside_python`` (the process's less its Python threads'); the forwards run meanwhile and
+    their mean requests. ``None`` unless both scrapes count exactly the ``answered`` requests between them."""
+    if before is None or after is None:
+        return None
+
+    def change(name: str, keep: Callable[[dict[str, str]], bool] = lambda _: True) -> float:
+        return sum(value - before.get(key, 0.0) for key, value in after.items() if key[0] == name and keep(dict(key[1])))
+
+    counted = change("s1omni_requests_total", lambda labels: labels["route"] in DECISION_PATHS and labels["status"] == "200")
+    if not answered or round(counted) != answered:
+        return None
+    pools = {
+        dict(key[1])["pool"]: (value - before.get(key, 0.0)) * 1e3 / answered
+        for key, value in after.items() if key[0] == "s1omni_thread_cpu_seconds"
+    }  # fmt: skip
+    process = change("process_cpu_seconds_total") * 1e3 / answered
+    forwards = change("s1omni_batch_requests_count")
+    return {
+        "answered": answered,
+        "process_ms_per_request": round(process, DIGITS),
+        "pools_ms_per_request": {pool: round(ms, DIGITS) for pool, ms in sorted(pools.items())},
+        "outside_python_ms_per_request": round(process - sum(pools.values()), DIGITS),
+        "forwards": round(forwards),
+        "mean_requests_per_forward": round(change("s1omni_batch_requests_sum") / forwards, DIGITS) if forwards else None,
+    }
 
 
 async def _warm_instances(url: str, body: bytes, instances: int, rounds: int) -> None:
@@ -276,8 +331,9 @@ def measure(
         progress(f"http {server.name}: warmed its {instances} instances ({bursts} x {instances} requests at once)")
     runs = []
     for level in concurrency:
-        started = now()
+        started, before = now(), scrape(server.url)
         load = asyncio.run(_level(server.url, payload, level, requests, warmup))
+        cpu = server_cpu(before, scrape(server.url), load.answered)
         run: dict[str, Any] = {
             "subject": server.name, "profile": profile, "concurrency": level, "started": started, "finished": now(),
         }  # fmt: skip
@@ -287,6 +343,7 @@ def measure(
         run["per_client"] = load.per_client  # each client's requests in the window, failed ones included
         run["untimed"] = load.untimed
         run["answer_errors"] = load.answer_errors
+        run["server_cpu"] = cpu
         if load.samples_s:
             samples = to_ms(load.samples_s)
             run |= summarize(samples, load.wall_s)
@@ -298,6 +355,7 @@ def measure(
             progress(
                 f"http {server.name} {profile} c={level}: p50 {run['p50_ms']:.3f} ms, p95 {run['p95_ms']:.3f} ms, "
                 f"{run['requests_per_s']:.2f} req/s over {run['count']} samples, {load.failures.total()} failed"
+                + (f"; server CPU {cpu['process_ms_per_request']:.2f} ms a request" if cpu else "")
             )
         else:
             progress(f"http {server.name} {profile} c={level}: every request failed {dict(load.failures)}")

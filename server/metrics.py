@@ -6,11 +6,24 @@ OpenMetrics when the scraper asks for it. No request content goes into a label: 
 counted by route, status and error code, stage latencies by stage name, forwards' requests by
 profile; gauges are read when
 scraped (vllm-project/semantic-router:src/model-runtime/vllm_srun/supervision/metrics.py).
+
+``s1omni_thread_cpu_seconds{pool}`` is where the process's CPU goes: the CPU time of its live Python
+threads, read from each thread's own clock at the scrape and summed by pool (a thread's name less its
+``-N``/``_N`` index: the event loop's ``MainThread``, ``s1omni-worker`` running the forwards,
+``AnyIO worker thread`` running planning of large bodies, heads left to the request and finishing,
+``s1omni-head-readout`` and ``s1omni-span-head`` running the heads begun during a forward).
+``process_cpu_seconds_total`` less their sum is the threads Python did not start (ONNX Runtime's,
+CUDA's). A gauge, not a counter: a thread that ends takes its time with it. Two scrapes around a
+load give its CPU per request and pool (``s1omni bench --http`` records them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -22,7 +35,9 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
 PLAN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -30,6 +45,34 @@ TOKEN_BUCKETS = (64, 256, 1024, 4096, 16384, 65536, 262144)
 
 # A ``*_created`` series per counter and histogram tells a scraper nothing a restart does not.
 disable_created_metrics()
+# A pool's threads are named PREFIX-N (threading.Thread) or PREFIX_N (ThreadPoolExecutor).
+_THREAD_INDEX = re.compile(r"[-_]\d+$")
+
+
+def thread_pool(name: str) -> str:
+    """The pool a thread's name places it in: the name less a trailing ``-N`` or ``_N`` index."""
+    return _THREAD_INDEX.sub("", name)
+
+
+class ThreadCpu(Collector):
+    """``s1omni_thread_cpu_seconds{pool}``: CPU seconds of the live Python threads, by pool (module docstring)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        seconds: Tally[str] = Tally()
+        for thread in threading.enumerate():
+            if thread.ident is None:
+                continue
+            try:
+                seconds[thread_pool(thread.name)] += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            except OSError:  # ended since the enumeration
+                continue
+        family = GaugeMetricFamily(
+            "s1omni_thread_cpu_seconds", "CPU seconds of the process's live Python threads, by pool (thread name less its index).",
+            labels=("pool",),
+        )  # fmt: skip
+        for pool, total in sorted(seconds.items()):
+            family.add_metric((pool,), total)
+        yield family
 
 
 class Metrics:
@@ -38,6 +81,7 @@ class Metrics:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         GCCollector(registry=registry)
+        registry.register(ThreadCpu())
         self.requests = Counter(
             "s1omni_requests_total", "HTTP requests by route, status and error code (ok when none).",
             ("route", "status", "code"), registry=registry,

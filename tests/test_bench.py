@@ -13,7 +13,7 @@ import pytest
 from s1omni.bench.profiler import HOST, idle
 from s1omni.bench.run import http_ratios, subject_names
 from s1omni.cli.bench import served_instances
-from s1omni.bench.http_load import request_body, server_timing
+from s1omni.bench.http_load import request_body, server_cpu, server_timing
 from s1omni.bench.stats import nearest_rank, quantiles_ms, ratios, summarize
 from s1omni.bench.workloads import REFERENCE, backbone, measure, named
 from s1omni.cli.main import main
@@ -114,6 +114,13 @@ def test_http_runs(record: tuple[dict, Path]) -> None:
         # stages' medians average the middle two of an even count, as statistics.median does).
         client_median = statistics.median(run["samples_ms"])
         assert run["server_timing_median_ms"]["total"] <= client_median and run["client_minus_server_median_ms"] >= 0
+        # The server's CPU over the level: every answered request seen by both scrapes, the forwards' worker
+        # and the event loop among its pools, and the pools within the process's time (its clock ticks 10 ms).
+        cpu = run["server_cpu"]
+        assert cpu["answered"] == sum(per_client) + run["untimed"]
+        assert cpu["pools_ms_per_request"]["s1omni-worker"] > 0 and cpu["pools_ms_per_request"]["MainThread"] > 0
+        assert sum(cpu["pools_ms_per_request"].values()) <= cpu["process_ms_per_request"] + 10e3 / cpu["answered"]
+        assert 1 <= cpu["mean_requests_per_forward"] <= run["concurrency"] and cpu["forwards"] >= cpu["answered"] / run["concurrency"]
 
 
 def test_merged_requests_answer_as_one_request_each(tiny_model) -> None:
@@ -151,6 +158,29 @@ def test_a_request_runs_in_steps_and_a_backbone_workload_does_not(tiny_model) ->
     assert list(steps) == ["plan", "forward", "readout", "finish"] and all(value > 0 for value in steps.values())
     with pytest.raises(UsageError, match="only requests run in steps"):
         named("backbone-16", "vela2").stages(tiny_model)
+
+
+def test_server_cpu_is_per_answered_request_and_only_where_the_scrapes_saw_them_all() -> None:
+    def samples(requests: float, process: float, worker: float, loop: float, forwards: float, merged: float) -> dict:
+        ok = (("code", "ok"), ("route", "/v1/systemone"), ("status", "200"))
+        return {
+            ("s1omni_requests_total", ok): requests,
+            ("s1omni_requests_total", (("code", "ok"), ("route", "/metrics"), ("status", "200"))): requests * 7,
+            ("process_cpu_seconds_total", ()): process,
+            ("s1omni_thread_cpu_seconds", (("pool", "s1omni-worker"),)): worker,
+            ("s1omni_thread_cpu_seconds", (("pool", "MainThread"),)): loop,
+            ("s1omni_batch_requests_count", (("profile", "batching"),)): forwards,
+            ("s1omni_batch_requests_sum", (("profile", "batching"),)): merged,
+        }
+
+    before, after = samples(10, 5.0, 1.0, 0.5, 10, 10), samples(14, 5.2, 1.1, 0.54, 12, 14)
+    cpu = server_cpu(before, after, 4)
+    assert cpu == {
+        "answered": 4, "process_ms_per_request": 50.0, "pools_ms_per_request": {"MainThread": 10.0, "s1omni-worker": 25.0},
+        "outside_python_ms_per_request": 15.0, "forwards": 2, "mean_requests_per_forward": 2.0,
+    }  # fmt: skip
+    assert server_cpu(before, after, 5) is None  # another process's metrics (a Ray Serve replica's) saw fewer
+    assert server_cpu(None, after, 4) is None and server_cpu(before, None, 4) is None and server_cpu(before, before, 0) is None
 
 
 def test_the_http_profile_is_in_every_vela_request_and_in_no_omnijev_one() -> None:

@@ -1,11 +1,14 @@
 """The server's Prometheus exposition: its series by name, escaping, cumulative buckets, process
-metrics, and OpenMetrics when the scraper asks for it."""
+metrics, the threads' CPU by pool, and OpenMetrics when the scraper asks for it."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 from serving import metric
 
-from s1omni.server.metrics import Metrics
+from s1omni.server.metrics import Metrics, thread_pool
 
 SERIES = {
     "s1omni_requests_total": "counter",
@@ -17,6 +20,7 @@ SERIES = {
     "s1omni_batch_requests": "histogram",
     "s1omni_deadline_expired_total": "counter",
     "s1omni_test_depth": "gauge",
+    "s1omni_thread_cpu_seconds": "gauge",
 }
 
 
@@ -60,3 +64,33 @@ def test_openmetrics_is_negotiated() -> None:
     assert text.endswith("# EOF\n")
     assert "# TYPE s1omni_requests counter" in text and metric(text, "s1omni_deadline_expired_total") == 0
     assert _filled().render("text/plain")[1].startswith("text/plain; version=0.0.4")
+
+
+def test_a_thread_is_counted_in_its_pool() -> None:
+    assert thread_pool("s1omni-worker-0") == "s1omni-worker" and thread_pool("s1omni-head-readout_3") == "s1omni-head-readout"
+    assert thread_pool("MainThread") == "MainThread" and thread_pool("AnyIO worker thread") == "AnyIO worker thread"
+    assert thread_pool("s1omni-v2") == "s1omni-v2"  # only a separated index is one
+
+    def burn(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    metrics, release = Metrics(), threading.Event()
+    # Two threads of one pool, each holding 0.05 s of CPU while the scrape runs.
+    pool = [threading.Thread(target=lambda: (burn(0.05), release.wait()), name=f"s1omni-test-pool_{n}") for n in range(2)]
+    for thread in pool:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while metric(metrics.render()[0].decode(), "s1omni_thread_cpu_seconds", pool="s1omni-test-pool") < 0.1:
+            assert time.monotonic() < deadline, "the pool's two threads never summed to 0.1 s"
+            time.sleep(0.01)
+        text = metrics.render()[0].decode()
+        assert metric(text, "s1omni_thread_cpu_seconds", pool="s1omni-test-pool") < 0.1 + 0.05  # both threads, once each
+        assert metric(text, "s1omni_thread_cpu_seconds", pool="s1omni-test-pool_0") == 0  # no pool of one thread
+        assert 0 < metric(text, "s1omni_thread_cpu_seconds", pool="MainThread") <= metric(text, "process_cpu_seconds_total") + 0.01
+    finally:
+        release.set()
+        for thread in pool:
+            thread.join()
