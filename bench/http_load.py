@@ -128,8 +128,9 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float, lo
         if status == 200:
             return
         # Only the server's own 503 is JSON (Ray Serve's proxy answers 404 text until the app is deployed).
-        if status == 503 and json.loads(body).get("status") == "failed":
-            raise BenchFailed(f"the server failed its warm-up: {json.loads(body).get('reason')}\n{_log_tail(log)}")
+        health = json.loads(body) if status == 503 else {}
+        if health.get("status") == "failed":
+            raise BenchFailed(f"the server failed its warm-up: {health.get('reason')}\n{_log_tail(log)}")
         time.sleep(0.2)
     raise BenchFailed(f"/health was not 200 within {timeout_s:.0f} s:\n{_log_tail(log)}")
 

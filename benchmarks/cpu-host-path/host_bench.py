@@ -87,6 +87,12 @@ def model(rng: np.random.Generator, directory: Path, size: str) -> Vela2Model:
     return Vela2Model(identity, synth.config(size, 0), synth.calibration(), tokenizer, heads, StatesOnly(hidden))  # type: ignore[arg-type]
 
 
+def case_request() -> dict[str, Any]:
+    """The request body of calibration case ``CASE``."""
+    cases = json.loads((CALIB / "vela2" / "cases.json").read_text(encoding="utf-8"))["cases"]
+    return next(case["request"] for case in cases if case["name"] == CASE)
+
+
 def states(plan: Vela2Plan, hidden: int, rng: np.random.Generator) -> list[list[np.ndarray]]:
     """Random final-norm states where ``forward`` would return them: per tree, per block."""
     return [[rng.standard_normal((len(b.readouts()), hidden)).astype(np.float32) for b in blocks] for _, blocks in plan.trees]
@@ -162,8 +168,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as directory:
         vela = model(rng, Path(directory), args.size)
-    case = next(c for c in json.loads((CALIB / "vela2" / "cases.json").read_text(encoding="utf-8"))["cases"] if c["name"] == CASE)
-    plan = vela.plan(case["request"])
+    plan = vela.plan(case_request())
     hidden = states(plan, vela.runner.hidden_size, rng)
     answer = vela.finish(plan, vela.read([plan], hidden)[0])
     answer_bytes = json.dumps(answer).encode("utf-8")

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from s1omni.calib import CALIB
 from s1omni.runtime.vela2 import layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from host_bench import CASE, model  # noqa: E402
+from host_bench import CASE, case_request, model  # noqa: E402
 
 
 def trees(plan) -> list[list[list[int]]]:
@@ -45,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         vela = model(np.random.default_rng(0), Path(directory), "0.8B")
-    body = next(c for c in json.loads((CALIB / "vela2" / "cases.json").read_text(encoding="utf-8"))["cases"] if c["name"] == CASE)["request"]
+    body = case_request()
     cached = layout.option_block
     arms = {"fresh": cached.__wrapped__, "cached": cached}
     rendered, rounds = {}, {name: [] for name in arms}

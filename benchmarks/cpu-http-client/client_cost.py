@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from s1omni.bench.http_load import free_port
 
 PATH = "/v1/systemone"
 HEADERS = {"content-type": "application/json"}
@@ -72,12 +73,6 @@ async def with_aiohttp(url: str, count: int) -> list[float]:
 
 
 CLIENTS = {"httpx": with_httpx, "aiohttp": with_aiohttp}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def summary(samples: list[float]) -> dict[str, float]:
