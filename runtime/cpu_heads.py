@@ -21,9 +21,14 @@ OpenBLAS's threads and scipy's erf, 42 with this module, on 2 shared cores).
   torch (ATen's ``init_num_threads``), so a server thread that first ran the torch reference after a
   head call would run it on one thread. Here the thread's own count is set through threadpoolctl's
   OpenMP controller (``omp_set_num_threads`` is per thread), after ATen's lazy per-thread start.
-  torch's BLAS (MKL keeps a count of its own) is not called inside such a block. It is per call,
-  not a pool initializer, because request threads call heads too, and one of them may run the torch
-  reference next; it costs about 10 us a call.
+  torch's BLAS (MKL keeps a count of its own) is not called inside such a block. It is per call
+  because request threads call heads too, and one of them may run the torch reference next.
+- ``heads_pool``: a thread pool whose threads run nothing but heads (the Vela 2.0 span head's chunks,
+  the heads begun during a forward) sets each thread's count to one once, when the thread starts, and
+  ``torch_on_one_thread`` is then a no-op there. The per-call limit and restore are Python with the
+  GIL held (threadpoolctl's limiter over ctypes): about 11 us a call alone, 0.6-0.9 ms of GIL for the
+  ~23 GELU calls of a 0.8B router request with four threads at work, time every other thread of a
+  loaded server waits through (benchmarks/cpu-host-path/gil).
 
 torch is imported at the first GELU, not with this module. A process that loads heads imports it
 already (the Vela 2.0 head tensors are read through safetensors' torch reader, OmniJev's model
@@ -34,7 +39,9 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from importlib.metadata import distribution
 
@@ -59,14 +66,34 @@ def _openmp() -> ThreadpoolController:
     return ThreadpoolController().select(user_api="openmp")
 
 
+# Set in the threads of ``heads_pool``, whose torch count is one for good.
+_pool_thread = threading.local()
+
+
 @contextmanager
 def torch_on_one_thread() -> Iterator[None]:
     """torch's CPU kernels inline on this thread within the block (its count restored after)."""
+    if getattr(_pool_thread, "pinned", False):
+        yield
+        return
     import torch
 
     torch.get_num_threads()  # ATen sets a thread's count at its first use: before the limit, not inside it
     with _openmp().limit(limits=1):
         yield
+
+
+def _pin_to_one_thread() -> None:
+    import torch
+
+    torch.get_num_threads()
+    _openmp().limit(limits=1)  # never restored: the thread belongs to its pool until the process ends
+    _pool_thread.pinned = True
+
+
+def heads_pool(threads: int, name: str) -> ThreadPoolExecutor:
+    """A pool for head work only: torch runs inline on each of its threads, set once per thread."""
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name, initializer=_pin_to_one_thread)
 
 
 def gelu(x: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from s1omni.runtime.cpu_heads import gelu, torch_on_one_thread
+from s1omni.runtime.cpu_heads import gelu, heads_pool, torch_on_one_thread
 from s1omni.runtime.vela2.heads import SPAN_TENSORS, WORD_CHUNK, SpanHead
 
 # Run in a fresh process: the limit is process-wide, and a test process has loaded models already.
@@ -66,6 +66,28 @@ def test_torch_runs_inline_within_the_block_and_gets_its_count_back() -> None:
     with ThreadPoolExecutor(1) as pool:  # a thread whose first torch call is inside the block
         assert pool.submit(inside_and_after).result() == (1, default)
     assert inside_and_after() == (1, default)
+    fresh: list[int] = []
+    thread = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert fresh == [default]
+
+
+def test_a_heads_pool_thread_runs_torch_inline_for_good_and_other_threads_keep_their_count() -> None:
+    def inside_and_after() -> tuple[int, int, str]:
+        with torch_on_one_thread():
+            inside = torch.get_num_threads()
+        return inside, torch.get_num_threads(), threading.current_thread().name
+
+    default = torch.get_num_threads()
+    pool = heads_pool(2, "test-heads")
+    try:
+        results = [pool.submit(inside_and_after).result() for _ in range(4)]
+    finally:
+        pool.shutdown()
+    assert [(inside, after) for inside, after, _ in results] == [(1, 1)] * 4
+    assert all(name.startswith("test-heads") for _, _, name in results)
+    assert inside_and_after()[:2] == (1, default)  # this thread is not the pool's: its count comes back
     fresh: list[int] = []
     thread = threading.Thread(target=lambda: fresh.append(torch.get_num_threads()))
     thread.start()

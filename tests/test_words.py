@@ -343,7 +343,8 @@ def test_decoder_matches_the_plain_reference_on_random_texts():
     """Random texts of words, units (e-mails, URLs, handles), CJK, brackets and odd spaces; random
     word cuts and probabilities, dyadic ones for tied votes and means at the threshold: the
     decoder's spans equal the reference's exactly (labels, offsets, float32 means), with the words' units
-    computed by the decoder or given to it (``word_units``, as a caller decoding one text twice gives them)."""
+    computed by the decoder or given to it (``word_units``, as a caller decoding one text twice gives them), and
+    the first spans alone where the decode is limited."""
     rng = np.random.default_rng(0)
     spans_seen = edge_spans = 0
     for case in range(600):
@@ -362,6 +363,8 @@ def test_decoder_matches_the_plain_reference_on_random_texts():
         if offsets:
             given = np.array(offsets, np.int32)
             assert decode_spans(rows, given, labels, text, threshold, lambda: word_units(text, given)) == want
+            limit = int(rng.integers(1, 4))  # a decode that stops early (the sparse gate's count) gives the first spans
+            assert decode_spans(rows, given, labels, text, threshold, limit=limit) == want[:limit]
         assert all(type(s["probability"]) is float for s in got)
         spans_seen += len(want)
         edge_spans += sum(s["start"] <= offsets[0][1] or s["end"] >= offsets[-1][0] for s in want)

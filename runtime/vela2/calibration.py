@@ -101,7 +101,7 @@ class Calibration:
         if not gate or gate.get("K", -1) < 0 or threshold >= gate["t_sparse"] or not len(offsets):
             return threshold, rule
         probe = float(gate.get("probe_threshold", 0.5))
-        if len(decode_spans(probabilities, offsets, labels, text, probe, units)) <= gate["K"]:
+        if len(decode_spans(probabilities, offsets, labels, text, probe, units, limit=gate["K"] + 1)) <= gate["K"]:
             return float(gate["t_sparse"]), rule + "+sparse"
         return threshold, rule
 

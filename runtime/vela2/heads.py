@@ -17,12 +17,11 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from ..cpu_heads import gelu, single_threaded_numpy_blas
+from ..cpu_heads import gelu, heads_pool, single_threaded_numpy_blas
 from ..errors import PackageError
 
 CANDIDATE_TENSORS = frozenset(
@@ -39,7 +38,7 @@ WORD_CHUNK = 64
 # values are computed by the same single-threaded operations whichever thread runs it, so the scores
 # are bitwise those of one thread. A chunk does a block's word-side work: its projections and the
 # GELU over [words, labels, d], most of a span block's head time.
-_CHUNK_THREADS = ThreadPoolExecutor(max_workers=min(8, len(os.sched_getaffinity(0))), thread_name_prefix="s1omni-span-head")
+_CHUNK_THREADS = heads_pool(min(8, len(os.sched_getaffinity(0))), "s1omni-span-head")
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 1e-5) -> np.ndarray:

@@ -74,7 +74,9 @@ class Tokens:
         return list(self._cached(text))
 
     def part(self, role: str, text: str, with_words: bool) -> EncodedPart:
-        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        # encode_batch lets go of the GIL while it tokenizes, encode holds it: a request's texts (600 tokens
+        # of the router request: 1.6 ms) no longer stop a server's head and finish threads. Same encoding.
+        encoding = self.tokenizer.encode_batch([text], add_special_tokens=False)[0]
         ids = np.asarray(encoding.ids, np.int64)
         if not with_words:
             return EncodedPart(role, ids)

@@ -192,15 +192,18 @@ def decode_spans(
     text: str,
     threshold: float,
     units: Callable[[], npt.NDArray[np.int64]] | None = None,
+    limit: int | None = None,
 ) -> list[dict[str, str | int | float]]:
-    """Labelled spans from word x label probabilities.
+    """Labelled spans from word x label probabilities (the first ``limit`` of them, where given).
 
     Each word takes its most probable label when that probability is strictly above ``threshold``,
     both in float32 as the packages compare. Within one unit, disagreeing labels are settled by
     summed probability and unlabelled words between labelled ones are filled; runs of words with
     the same label become spans, trimmed, with the float32 mean probability of their words. ``units``
     gives ``word_units(text, word_offsets)`` where a caller decoding one text twice keeps it (called only
-    when some word is labelled).
+    when some word is labelled). ``limit`` serves a caller that only counts spans up to a bound (the PII
+    sparse gate): the trimming, a Python step per span, stops there, and each span is the one a whole
+    decode gives (a span's mean does not depend on the others averaged beside it).
     """
     probs = np.asarray(probabilities, np.float32)
     offsets = np.asarray(word_offsets)
@@ -215,12 +218,20 @@ def decode_spans(
     begins, stops = _runs(label)
     kept = label[begins] >= 0
     begins, stops = begins[kept], stops[kept]
-    values = label[begins]
-    means = _means(probs, begins, stops, values).tolist()
-    spans: list[dict[str, str | int | float]] = []
+    runs: list[int] = []
+    bounds: list[tuple[int, int]] = []
     edges = zip(offsets[begins, 0].tolist(), offsets[stops - 1, 1].tolist(), strict=True)
-    for value, (first, last), mean in zip(values.tolist(), edges, means, strict=True):
+    for run, (first, last) in enumerate(edges):
         start, end = trim(text, first, last)
         if end > start:
-            spans.append({"label": labels[value], "start": start, "end": end, "probability": mean})
-    return spans
+            runs.append(run)
+            bounds.append((start, end))
+            if len(runs) == limit:
+                break
+    kept_runs = np.asarray(runs, np.int64)
+    values = label[begins[kept_runs]]
+    means = _means(probs, begins[kept_runs], stops[kept_runs], values).tolist()
+    return [
+        {"label": labels[value], "start": start, "end": end, "probability": mean}
+        for value, (start, end), mean in zip(values.tolist(), bounds, means, strict=True)
+    ]

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device chain (issues 17 and 16), written on 2026-12-07, not yet run (results: h in 0.8B-http-batching/, x in
+# Device chain (issues 17 and 16), written and run on 2026-12-07 on an H100 (chain.txt: h and f came back, k ran out of
+# device time before it was packed, x was not reached; results: h in 0.8B-http-batching/, x in
 # 0.8B-http-exact/, f in 4B/, k in 4B-http-batching/). h100-rotary-selection's HTTP record left the 0.8B at 39 req/s
 # at 16 clients with its heads stage 95 ms and post 23 ms (6 and 13 at 8 clients): this chain repeats it with the
 # server's CPU per request by thread pool (`server_cpu`, from /metrics' s1omni_thread_cpu_seconds), to tell which
