@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device chain (issue 17), written on 2026-12-07, not yet run (results: h in 0.8B-http-batching/, k in
-# 4B-http-batching/, x in 0.8B-http-exact/, s in 0.8B-http-switch-interval/). h100-server-cpu's 0.8B over HTTP answered 37.6 req/s at 16 clients
+# 4B-http-batching/, x in 0.8B-http-exact/, s in 0.8B-http-switch-interval/, r in 0.8B-http-ray-replicas2/). h100-server-cpu's 0.8B over HTTP answered 37.6 req/s at 16 clients
 # with the server's CPU a request flat across the load (70 -> 93 -> 82 ms) while its heads stage went 1.5 -> 63
 # -> 213 ms: waiting, not work, and the cores mostly idle (3 of 16). The host path holds the GIL about 16.5 ms a
 # router request (cpu-host-path/gil, 2 cores), near the 37.6 req/s it reached; this tree holds it about 13.7 ms
@@ -13,13 +13,15 @@
 #  h  the 0.8B (ChunkedGatedDeltaRule bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16)
 #     built, validated, served with `batching` and two instances at 1, 8 and 16 clients (reference server beside it)
 #  s  the 0.8B served as h with switch-interval/ first on PYTHONPATH (a 0.5 ms GIL switch interval)
+#  r  the 0.8B served as h but through Ray Serve, two replicas of one instance sharing the GPU (two processes,
+#     two GILs), where ray is staged: start the chain from `RAY=1 scripts/device-pack.sh .device/ray`'s parts
 #  k  the 4B (.../heads/gates/onorms/silu/rotary/attn16) built, validated, served as h
 #  x  the 0.8B served with `exact` and one instance at 1, 8 and 16 clients, if the device time lasts
 # The 4B is synthesized, exported and built while the 0.8B builds and validates, before anything is timed.
 set -u
 source scripts/device-chain.sh
 export S1OMNI_ORT_INCLUDE=/tmp/ort-include
-mkdir -p $R/h $R/x $R/k $R/s
+mkdir -p $R/h $R/x $R/k $R/s $R/r
 K=ChunkedGatedDeltaRule
 NEW08=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16
 NEW4=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/rotary/attn16
@@ -44,6 +46,14 @@ passed $R/h/validate-0.8B-$(name $NEW08).json && http 0.8B $NEW08 h batching 2
 cp $R/h/validate-0.8B-$(name $NEW08).json $R/s/
 passed $R/s/validate-0.8B-$(name $NEW08).json && \
   PYTHONPATH=$PWD/benchmarks/host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching 2
+if python3 -c "import ray.serve" 2> /dev/null; then
+  passed $R/h/validate-0.8B-$(name $NEW08).json && \
+    env KERNELS=$K PRECISIONS=$NEW08 WORKLOADS=router PROFILE= HTTP=1,8,16 HTTP_PROFILE=batching REQUESTS=20 \
+      SERVE_ARGS="--ray --replicas=2 --gpus-per-replica=0.5" bash scripts/h200.sh 0.8B $R/r bench > $R/r/chain-bench.log 2>&1
+  log "rc-r-bench $?"; pack r
+else
+  log "r skipped: ray is not staged"
+fi
 env KERNELS=$K PRECISIONS=$NEW4 bash scripts/h200.sh 4B $R/k validate > $R/k/chain-validate.log 2>&1
 log "rc-k-validate $?"; pack k
 passed $R/k/validate-4B-$(name $NEW4).json && http 4B $NEW4 k batching 2
