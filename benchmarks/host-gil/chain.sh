@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# Device chain (issue 17), written on 2026-12-07, not yet run (results: h in 0.8B-http-batching/, k in
-# 4B-http-batching/, x in 0.8B-http-exact/, s in 0.8B-http-switch-interval/, r in 0.8B-http-ray-replicas2/). h100-server-cpu's 0.8B over HTTP answered 37.6 req/s at 16 clients
-# with the server's CPU a request flat across the load (70 -> 93 -> 82 ms) while its heads stage went 1.5 -> 63
-# -> 213 ms: waiting, not work, and the cores mostly idle (3 of 16). The host path holds the GIL about 16.5 ms a
-# router request (cpu-host-path/gil, 2 cores), near the 37.6 req/s it reached; this tree holds it about 13.7 ms
-# (the head pools' threads pinned to one torch thread once, tokenization through encode_batch, the sparse gate's
-# probe decode stopping at K + 1 spans). This chain measures that change over HTTP, then the runs h100-server-cpu
-# did not bring back: the 4B served, and the 0.8B with exact and one instance. Between them, the 0.8B served again
-# with a GIL switch interval of 0.5 ms instead of 5 (switch-interval/sitecustomize.py, every process of that run). Run with scripts/device.sh: start
-# CHAIN (carry .device/p1), stage 2..6, the last with .device/ort-include copied to /tmp/ort-include, then poll
-# "chain done"; rename the folder after the card.
+# Device chain (issue 17), written on 2026-12-07, not yet run (results: h in 0.8B-http-batching/, s in
+# 0.8B-http-switch-interval/, r in 0.8B-http-ray-replicas2/, k in 4B-http-batching/, x in 0.8B-http-exact/).
+# h100-server-cpu's 0.8B over HTTP answered 37.6 req/s at 16 clients with the server's CPU a request flat across
+# the load (70 -> 93 -> 82 ms) while its heads stage went 1.5 -> 63 -> 213 ms: waiting, not work, and the cores
+# mostly idle (3 of 16). The host path holds the GIL about 16.5 ms a router request (cpu-host-path/gil, 2 cores),
+# near the 37.6 req/s it reached; this tree holds it about 13.7 ms (the head pools' threads pinned to one torch
+# thread once, tokenization through encode_batch, the sparse gate's probe decode stopping at K + 1 spans). This
+# chain measures that change over HTTP, the same with a 0.5 ms GIL switch interval and through two Ray Serve
+# processes, then the runs h100-server-cpu did not bring back: the 4B served, and the 0.8B with exact and one
+# instance. Run with scripts/device.sh: start CHAIN (carry DIR/p1), stage 2..N, the last with .device/ort-include
+# copied to /tmp/ort-include, then poll "chain done"; DIR is .device/ray (RAY=1 scripts/device-pack.sh, 10 parts)
+# for the Ray arm, .device (6 parts) without it. Rename the folder after the card.
 #  h  the 0.8B (ChunkedGatedDeltaRule bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16)
 #     built, validated, served with `batching` and two instances at 1, 8 and 16 clients (reference server beside it)
-#  s  the 0.8B served as h with switch-interval/ first on PYTHONPATH (a 0.5 ms GIL switch interval)
+#  s  the 0.8B served as h with switch-interval/ first on PYTHONPATH (a 0.5 ms GIL switch interval in every process)
 #  r  the 0.8B served as h but through Ray Serve, two replicas of one instance sharing the GPU (two processes,
-#     two GILs), where ray is staged: start the chain from `RAY=1 scripts/device-pack.sh .device/ray`'s parts
+#     two GILs), where ray is staged
 #  k  the 4B (.../heads/gates/onorms/silu/rotary/attn16) built, validated, served as h
 #  x  the 0.8B served with `exact` and one instance at 1, 8 and 16 clients, if the device time lasts
 # The 4B is synthesized, exported and built while the 0.8B builds and validates, before anything is timed.
@@ -26,8 +27,8 @@ K=ChunkedGatedDeltaRule
 NEW08=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16
 NEW4=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/rotary/attn16
 name() { echo "$K-$(echo "$1" | tr / -)"; }
-http() {  # http SIZE PRECISION OUT PROFILE INSTANCES: the router request over HTTP at 1, 8 and 16 clients
-  env KERNELS=$K PRECISIONS=$2 WORKLOADS=router PROFILE= HTTP=1,8,16 HTTP_PROFILE=$4 SERVE_ARGS=--instances=$5 REQUESTS=20 \
+http() {  # http SIZE PRECISION OUT PROFILE SERVE_ARGS: the router request over HTTP at 1, 8 and 16 clients
+  env KERNELS=$K PRECISIONS=$2 WORKLOADS=router PROFILE= HTTP=1,8,16 HTTP_PROFILE=$4 SERVE_ARGS="$5" REQUESTS=20 \
     bash scripts/h200.sh $1 $R/$3 bench > $R/$3/chain-bench.log 2>&1; log "rc-$3-bench $?"; pack $3
 }
 bash scripts/h200.sh 4B $R/k synth > $R/k/chain-synth.log 2>&1 & synth4=$!
@@ -42,20 +43,17 @@ wait $synth4; log "rc-k-synth $?"
 env KERNELS=$K PRECISIONS=$NEW08 bash scripts/h200.sh 0.8B $R/h build,validate > $R/h/chain-validate.log 2>&1
 log "rc-h-validate $?"; pack h
 wait $build4
-passed $R/h/validate-0.8B-$(name $NEW08).json && http 0.8B $NEW08 h batching 2
-cp $R/h/validate-0.8B-$(name $NEW08).json $R/s/
-passed $R/s/validate-0.8B-$(name $NEW08).json && \
-  PYTHONPATH=$PWD/benchmarks/host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching 2
-if python3 -c "import ray.serve" 2> /dev/null; then
-  passed $R/h/validate-0.8B-$(name $NEW08).json && \
-    env KERNELS=$K PRECISIONS=$NEW08 WORKLOADS=router PROFILE= HTTP=1,8,16 HTTP_PROFILE=batching REQUESTS=20 \
-      SERVE_ARGS="--ray --replicas=2 --gpus-per-replica=0.5" bash scripts/h200.sh 0.8B $R/r bench > $R/r/chain-bench.log 2>&1
-  log "rc-r-bench $?"; pack r
-else
-  log "r skipped: ray is not staged"
+if passed $R/h/validate-0.8B-$(name $NEW08).json; then
+  http 0.8B $NEW08 h batching --instances=2
+  PYTHONPATH=$PWD/benchmarks/host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching --instances=2
+  if python3 -c "import ray.serve" 2> /dev/null; then
+    http 0.8B $NEW08 r batching "--ray --replicas=2 --gpus-per-replica=0.5"
+  else
+    log "r skipped: ray is not staged"
+  fi
 fi
 env KERNELS=$K PRECISIONS=$NEW4 bash scripts/h200.sh 4B $R/k validate > $R/k/chain-validate.log 2>&1
 log "rc-k-validate $?"; pack k
-passed $R/k/validate-4B-$(name $NEW4).json && http 4B $NEW4 k batching 2
-passed $R/h/validate-0.8B-$(name $NEW08).json && http 0.8B $NEW08 x exact 1
+passed $R/k/validate-4B-$(name $NEW4).json && http 4B $NEW4 k batching --instances=2
+passed $R/h/validate-0.8B-$(name $NEW08).json && http 0.8B $NEW08 x exact --instances=1
 log "chain done"

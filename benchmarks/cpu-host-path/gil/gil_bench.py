@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 STAGE = re.compile(r"stage_(plan|read|finish|encode)|SpanHead\.__call__\.<locals>\.score")
 
 
-def workload(threads: int, seconds: float, ready: Path, done: Path) -> None:
+def workload(threads: int, ready: Path, done: Path) -> None:
     import numpy as np
 
     sys.path.insert(0, str(HERE.parent))
@@ -142,16 +142,16 @@ def main() -> None:
     if args.plot:
         plot(args.plot, args.out)
         return
-    if not args.label:
-        parser.error("--label is required to run an arm")
     if args.workload:
         threads, ready, done = args.workload
-        workload(int(threads), args.seconds, Path(ready), Path(done))
+        workload(int(threads), Path(ready), Path(done))
         return
+    if not args.label:
+        parser.error("--label is required to run an arm")
     pyspy = os.environ.get("PYSPY", "py-spy")
     with tempfile.TemporaryDirectory() as directory:
         ready, done, raw = (Path(directory) / name for name in ("ready", "done", "samples.txt"))
-        process = subprocess.Popen([sys.executable, __file__, "--label", args.label, "--out", str(args.out), "--workload", str(args.threads), str(ready), str(done)])
+        process = subprocess.Popen([sys.executable, __file__, "--out", str(args.out), "--workload", str(args.threads), str(ready), str(done)])
         while not ready.exists():
             if process.poll() is not None:
                 raise SystemExit(f"the workload exited: {process.returncode}")
