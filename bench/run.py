@@ -52,6 +52,7 @@ class Settings:
     http_profile: str = "exact"  # options.profile of every HTTP request; each server is started with it enabled
     concurrency: tuple[int, ...] = (1, 8, 16)
     serve_args: tuple[str, ...] = ()
+    http_reference: bool = True  # False: the reference is not served (its HTTP figures come from another run)
     instances: int = 1  # the model instances each server runs with serve_args (its --instances): each is warmed
     profile: str | None = None  # a workload name: profiled on the first engine (the reference without one)
     allow_unvalidated: bool = False  # in process only: `s1omni serve` refuses such engines, so --http skips them
@@ -64,6 +65,8 @@ def check(settings: Settings, manifests: Sequence[dict[str, Any]]) -> None:
     """Refuse a run that could not stand as a measurement before anything loads."""
     if not settings.workloads and not settings.http and not settings.profile:
         raise UsageError("nothing to run (no workloads, no --http, no --profile)")
+    if settings.http and not settings.http_reference and not settings.engines:
+        raise UsageError("--no-http-reference with no --engine leaves nothing to serve")
     if settings.requests < 1 or settings.warmup < 0:
         raise UsageError("--requests must be at least 1 and --warmup at least 0")
     for path, manifest in zip(settings.engines, manifests, strict=True):
@@ -222,6 +225,10 @@ def http(
     sources = [[str(settings.package)], *(["--engine", str(path)] for path in settings.engines)]
     servable = [True, *(validated(manifest) for manifest in manifests)]
     for index, (name, source, serve) in enumerate(zip(names, sources, servable, strict=True)):
+        if name == REFERENCE and not settings.http_reference:
+            section["skipped"][name] = "--no-http-reference: not served in this run"
+            note(f"not serving {name}: --no-http-reference")
+            continue
         if not serve:
             section["skipped"][name] = "missed its gate: s1omni serve refuses it"
             note(f"not serving {name}: it missed its gate")

@@ -58,6 +58,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--concurrency", type=_ints, default=(1, 8, 16), metavar="LIST", help="closed-loop clients per HTTP level"
     )
     parser.add_argument(
+        "--no-http-reference",
+        dest="http_reference",
+        action="store_false",
+        help="serve only the engines over HTTP (the reference's server takes minutes; compare with a run on the same machine that served it)",
+    )
+    parser.add_argument(
         "--serve-arg",
         action="append",
         default=[],
@@ -111,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         http_profile=args.http_profile,
         concurrency=args.concurrency,
         serve_args=tuple(args.serve_arg),
+        http_reference=args.http_reference,
         instances=served_instances(args.serve_arg),
         profile=args.profile,
         allow_unvalidated=args.allow_unvalidated,

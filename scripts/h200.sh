@@ -45,7 +45,8 @@
 #             (e.g. HTTP=1,8,16; the requests' profile $HTTP_PROFILE, exact by default; $SERVE_ARGS, space-separated,
 #             go to every server, e.g. SERVE_ARGS=--instances=2); ALLOW_UNVALIDATED=1 times engines that missed their
 #             gate (in process only: the server refuses them); $REQUESTS timed requests (12) after $WARMUP (2) untimed,
-#             $PROFILE the profiled workload ('' for none)
+#             $PROFILE the profiled workload ('' for none); NO_HTTP_REFERENCE=1 serves the engines only (an arm
+#             compared with another on the same machine whose run served the reference)
 #
 # Results land in OUT: validate-SIZE-KERNEL[-PRECISION].txt/.json, merged-SIZE-....txt/.json, bench.json, bench.png and the logs.
 #
@@ -204,6 +205,7 @@ if wants bench; then
   [ -z "${HTTP:-}" ] || extra=(--http --concurrency "$HTTP" --http-profile "${HTTP_PROFILE:-exact}")
   for arg in ${SERVE_ARGS:-}; do extra+=("--serve-arg=$arg"); done
   [ -z "${ALLOW_UNVALIDATED:-}" ] || extra+=(--allow-unvalidated)
+  [ -z "${NO_HTTP_REFERENCE:-}" ] || extra+=(--no-http-reference)
   s1omni bench --package "$pkg" "${engines[@]}" --device cuda --workloads "${WORKLOADS:-$workloads}" \
     --tokens 128,600,2048 --requests "${REQUESTS:-12}" --warmup "${WARMUP:-2}" "${extra[@]}" --profile "${PROFILE-$profile}" \
     --out "$out" 2> "$out/bench-$size.log" || { tail -n 20 "$out/bench-$size.log"; exit 1; }

@@ -307,3 +307,19 @@ def test_an_engine_that_missed_its_gate_is_timed_in_process_and_not_served(
     assert not data["subjects"][name]["validated"] and list(data["workloads"][0]["results"]) == [REFERENCE, name]
     assert [run["subject"] for run in data["http"]["runs"]] == [REFERENCE]
     assert list(data["http"]["servers"]) == [REFERENCE] and data["http"]["skipped"] == {name: "missed its gate: s1omni serve refuses it"}
+
+
+def test_without_the_http_reference_only_the_engines_are_served(
+    cpu_engine: Path, cpu_validation: tuple, tiny_vela: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--no-http-reference``: the validated engine's server alone, the reference listed as skipped and no
+    ratios (nothing of this run to divide by); refused before anything loads when no engine is given."""
+    argv = ["bench", "--package", str(tiny_vela), "--workloads", "", "--requests", "2", "--warmup", "0",
+            "--http", "--http-workload", "noul-default", "--concurrency", "1", "--no-http-reference"]  # fmt: skip
+    assert main([*argv, "--out", str(tmp_path / "nothing")]) == 2
+    assert "leaves nothing to serve" in capsys.readouterr().err
+    assert main([*argv, "--engine", str(cpu_engine), "--out", str(tmp_path / "record")]) == 0
+    http = json.loads((tmp_path / "record" / "bench.json").read_text(encoding="utf-8"))["http"]
+    name = "onnxruntime/cpu/Scan"
+    assert [run["subject"] for run in http["runs"]] == [name] and list(http["servers"]) == [name]
+    assert list(http["skipped"]) == [REFERENCE] and http["ratios"] == {}

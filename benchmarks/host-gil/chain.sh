@@ -18,7 +18,9 @@
 #     two GILs), where ray is staged
 #  k  the 4B (.../heads/gates/onorms/silu/rotary/attn16) built, validated, served as h
 #  x  the 0.8B served with `exact` and one instance at 1, 8 and 16 clients, if the device time lasts
-# The 4B is synthesized, exported and built while the 0.8B builds and validates, before anything is timed.
+# The 4B is synthesized, exported and built while the 0.8B builds and validates, before anything is timed. Only h
+# and k serve the reference (about 3 minutes at 3 req/s); s, r and x serve the engine alone (NO_HTTP_REFERENCE)
+# and compare with h, on the same machine in the same chain.
 set -u
 source scripts/device-chain.sh
 export S1OMNI_ORT_INCLUDE=/tmp/ort-include
@@ -27,8 +29,8 @@ K=ChunkedGatedDeltaRule
 NEW08=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16
 NEW4=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/rotary/attn16
 name() { echo "$K-$(echo "$1" | tr / -)"; }
-http() {  # http SIZE PRECISION OUT PROFILE SERVE_ARGS: the router request over HTTP at 1, 8 and 16 clients
-  env KERNELS=$K PRECISIONS=$2 WORKLOADS=router PROFILE= HTTP=1,8,16 HTTP_PROFILE=$4 SERVE_ARGS="$5" REQUESTS=20 \
+http() {  # http SIZE PRECISION OUT PROFILE SERVE_ARGS [NO_HTTP_REFERENCE]: the router request over HTTP at 1, 8, 16 clients
+  env NO_HTTP_REFERENCE=${6:-} KERNELS=$K PRECISIONS=$2 WORKLOADS=router PROFILE= HTTP=1,8,16 HTTP_PROFILE=$4 SERVE_ARGS="$5" REQUESTS=20 \
     bash scripts/h200.sh $1 $R/$3 bench > $R/$3/chain-bench.log 2>&1; log "rc-$3-bench $?"; pack $3
 }
 bash scripts/h200.sh 4B $R/k synth > $R/k/chain-synth.log 2>&1 & synth4=$!
@@ -45,9 +47,9 @@ log "rc-h-validate $?"; pack h
 wait $build4
 if passed $R/h/validate-0.8B-$(name $NEW08).json; then
   http 0.8B $NEW08 h batching --instances=2
-  PYTHONPATH=$PWD/benchmarks/host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching --instances=2
+  PYTHONPATH=$PWD/benchmarks/host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching --instances=2 1
   if python3 -c "import ray.serve" 2> /dev/null; then
-    http 0.8B $NEW08 r batching "--ray --replicas=2 --gpus-per-replica=0.5"
+    http 0.8B $NEW08 r batching "--ray --replicas=2 --gpus-per-replica=0.5" 1
   else
     log "r skipped: ray is not staged"
   fi
@@ -55,5 +57,5 @@ fi
 env KERNELS=$K PRECISIONS=$NEW4 bash scripts/h200.sh 4B $R/k validate > $R/k/chain-validate.log 2>&1
 log "rc-k-validate $?"; pack k
 passed $R/k/validate-4B-$(name $NEW4).json && http 4B $NEW4 k batching --instances=2
-passed $R/h/validate-0.8B-$(name $NEW08).json && http 0.8B $NEW08 x exact --instances=1
+passed $R/h/validate-0.8B-$(name $NEW08).json && http 0.8B $NEW08 x exact --instances=1 1
 log "chain done"
