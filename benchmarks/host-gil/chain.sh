@@ -13,9 +13,9 @@
 # for the Ray arm, .device (6 parts) without it. Rename the folder after the card.
 #  h  the 0.8B (ChunkedGatedDeltaRule bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16)
 #     built, validated, served with `batching` and two instances at 1, 8 and 16 clients (reference server beside it)
-#  s  the 0.8B served as h with switch-interval/ first on PYTHONPATH (a 0.5 ms GIL switch interval in every process)
 #  r  the 0.8B served as h but through Ray Serve, two replicas of one instance sharing the GPU (two processes,
 #     two GILs), where ray is staged
+#  s  the 0.8B served as h with switch-interval/ first on PYTHONPATH (a 0.5 ms GIL switch interval in every process)
 #  k  the 4B (.../heads/gates/onorms/silu/rotary/attn16) built, validated, served as h
 #  x  the 0.8B served with `exact` and one instance at 1, 8 and 16 clients, if the device time lasts
 # The 4B is synthesized, exported and built while the 0.8B builds and validates, before anything is timed. Only h
@@ -47,12 +47,12 @@ log "rc-h-validate $?"; pack h
 wait $build4
 if passed $R/h/validate-0.8B-$(name $NEW08).json; then
   http 0.8B $NEW08 h batching --instances=2
-  PYTHONPATH=$PWD/benchmarks/host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching --instances=2 1
   if python3 -c "import ray.serve" 2> /dev/null; then
     http 0.8B $NEW08 r batching "--ray --replicas=2 --gpus-per-replica=0.5" 1
   else
     log "r skipped: ray is not staged"
   fi
+  PYTHONPATH=$PWD/benchmarks/host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching --instances=2 1
 fi
 env KERNELS=$K PRECISIONS=$NEW4 bash scripts/h200.sh 4B $R/k validate > $R/k/chain-validate.log 2>&1
 log "rc-k-validate $?"; pack k
