@@ -21,9 +21,12 @@
 # The 4B is synthesized, exported and built while the 0.8B builds and validates, before anything is timed. Only h
 # and k serve the reference (about 3 minutes at 3 req/s); s, r and x serve the engine alone (NO_HTTP_REFERENCE)
 # and compare with h, on the same machine in the same chain.
+# ARMS (default hrskx) on the start call's command line runs a subset, e.g. `ARMS=hrs scripts/device.sh start ...`.
 set -u
 source scripts/device-chain.sh
 export S1OMNI_ORT_INCLUDE=/tmp/ort-include
+ARMS=${ARMS:-hrskx}  # the arms to run, in this order's subset (e.g. ARMS=hrs when the device time is short)
+arm() { [[ $ARMS == *$1* ]]; }
 mkdir -p $R/h $R/x $R/k $R/s $R/r
 K=ChunkedGatedDeltaRule
 NEW08=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16
@@ -33,29 +36,34 @@ http() {  # http SIZE PRECISION OUT PROFILE SERVE_ARGS [NO_HTTP_REFERENCE]: the 
   env NO_HTTP_REFERENCE=${6:-} KERNELS=$K PRECISIONS=$2 WORKLOADS=router PROFILE= HTTP=1,8,16 HTTP_PROFILE=$4 SERVE_ARGS="$5" REQUESTS=20 \
     bash scripts/h200.sh $1 $R/$3 bench > $R/$3/chain-bench.log 2>&1; log "rc-$3-bench $?"; pack $3
 }
-bash scripts/h200.sh 4B $R/k synth > $R/k/chain-synth.log 2>&1 & synth4=$!
+log "arms $ARMS"
+arm k && { bash scripts/h200.sh 4B $R/k synth > $R/k/chain-synth.log 2>&1 & synth4=$!; }
 bash scripts/h200.sh 0.8B $R/h synth > $R/h/chain-synth.log 2>&1; log "rc-h-synth $?"
 wait_for_wheels
 while [ ! -f $S1OMNI_ORT_INCLUDE/onnxruntime_c_api.h ]; do sleep 1; done
 log "headers staged"
 bash scripts/h200.sh 0.8B $R/h export > $R/h/chain-export.log 2>&1; log "rc-h-export $?"
-wait $synth4; log "rc-k-synth $?"
-(env KERNELS=$K PRECISIONS=$NEW4 bash scripts/h200.sh 4B $R/k export,build > $R/k/chain-export.log 2>&1
- log "rc-k-export-build $?") & build4=$!
+if arm k; then
+  wait $synth4; log "rc-k-synth $?"
+  (env KERNELS=$K PRECISIONS=$NEW4 bash scripts/h200.sh 4B $R/k export,build > $R/k/chain-export.log 2>&1
+   log "rc-k-export-build $?") & build4=$!
+fi
 env KERNELS=$K PRECISIONS=$NEW08 bash scripts/h200.sh 0.8B $R/h build,validate > $R/h/chain-validate.log 2>&1
 log "rc-h-validate $?"; pack h
-wait $build4
 if passed $R/h/validate-0.8B-$(name $NEW08).json; then
-  http 0.8B $NEW08 h batching --instances=2
-  if python3 -c "import ray.serve" 2> /dev/null; then
+  arm h && http 0.8B $NEW08 h batching --instances=2
+  if arm r && python3 -c "import ray.serve" 2> /dev/null; then
     http 0.8B $NEW08 r batching "--ray --replicas=2 --gpus-per-replica=0.5" 1
-  else
+  elif arm r; then
     log "r skipped: ray is not staged"
   fi
-  PYTHONPATH=$PWD/benchmarks/host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching --instances=2 1
+  arm s && PYTHONPATH=$PWD/benchmarks/host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching --instances=2 1
 fi
-env KERNELS=$K PRECISIONS=$NEW4 bash scripts/h200.sh 4B $R/k validate > $R/k/chain-validate.log 2>&1
-log "rc-k-validate $?"; pack k
-passed $R/k/validate-4B-$(name $NEW4).json && http 4B $NEW4 k batching --instances=2
-passed $R/h/validate-0.8B-$(name $NEW08).json && http 0.8B $NEW08 x exact --instances=1 1
+if arm k; then
+  wait $build4
+  env KERNELS=$K PRECISIONS=$NEW4 bash scripts/h200.sh 4B $R/k validate > $R/k/chain-validate.log 2>&1
+  log "rc-k-validate $?"; pack k
+  passed $R/k/validate-4B-$(name $NEW4).json && http 4B $NEW4 k batching --instances=2
+fi
+arm x && passed $R/h/validate-0.8B-$(name $NEW08).json && http 0.8B $NEW08 x exact --instances=1 1
 log "chain done"
