@@ -11,21 +11,21 @@
 # instance. Run with scripts/device.sh: start CHAIN (carry DIR/p1), stage 2..N, the last with .device/ort-include
 # copied to /tmp/ort-include, then poll "chain done"; DIR is .device/ray (RAY=1 scripts/device-pack.sh, 10 parts)
 # for the Ray arm, .device (6 parts) without it. Rename the folder after the card.
+#  r  the 0.8B (h's build) served as h is but through Ray Serve, two replicas of one instance sharing the GPU (two processes,
+#     two GILs), where ray is staged
 #  h  the 0.8B (ChunkedGatedDeltaRule bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16)
 #     built, validated, served with `batching` and two instances at 1, 8 and 16 clients (reference server beside it)
-#  r  the 0.8B served as h but through Ray Serve, two replicas of one instance sharing the GPU (two processes,
-#     two GILs), where ray is staged
 #  s  the 0.8B served as h with switch-interval/ first on PYTHONPATH (a 0.5 ms GIL switch interval in every process)
 #  k  the 4B (.../heads/gates/onorms/silu/rotary/attn16) built, validated, served as h
 #  x  the 0.8B served with `exact` and one instance at 1, 8 and 16 clients, if the device time lasts
 # The 4B is synthesized, exported and built while the 0.8B builds and validates, before anything is timed. Only h
 # and k serve the reference (about 3 minutes at 3 req/s); s, r and x serve the engine alone (NO_HTTP_REFERENCE)
 # and compare with h, on the same machine in the same chain.
-# ARMS (default hrskx) on the start call's command line runs a subset, e.g. `ARMS=hrs scripts/device.sh start ...`.
+# ARMS (default rhskx) on the start call's command line runs a subset, e.g. `ARMS=rh scripts/device.sh start ...`.
 set -u
 source scripts/device-chain.sh
 export S1OMNI_ORT_INCLUDE=/tmp/ort-include
-ARMS=${ARMS:-hrskx}  # the arms to run, in this order's subset (e.g. ARMS=hrs when the device time is short)
+ARMS=${ARMS:-rhskx}  # the arms to run, in this order's subset (e.g. ARMS=rh when the device time is short)
 arm() { [[ $ARMS == *$1* ]]; }
 mkdir -p $R/h $R/x $R/k $R/s $R/r
 K=ChunkedGatedDeltaRule
@@ -51,12 +51,12 @@ fi
 env KERNELS=$K PRECISIONS=$NEW08 bash scripts/h200.sh 0.8B $R/h build,validate > $R/h/chain-validate.log 2>&1
 log "rc-h-validate $?"; pack h
 if passed $R/h/validate-0.8B-$(name $NEW08).json; then
-  arm h && http 0.8B $NEW08 h batching --instances=2
   if arm r && python3 -c "import ray.serve" 2> /dev/null; then
     http 0.8B $NEW08 r batching "--ray --replicas=2 --gpus-per-replica=0.5" 1
   elif arm r; then
     log "r skipped: ray is not staged"
   fi
+  arm h && http 0.8B $NEW08 h batching --instances=2
   arm s && PYTHONPATH=$PWD/benchmarks/host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching --instances=2 1
 fi
 if arm k; then
