@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from s1omni.runtime.synth.tokenizer import train_tokenizer
-from s1omni.runtime.vela2.words import _UNIT_RE, Words, decode_spans, trim, word_units, words_of
+from s1omni.runtime.vela2.words import _UNIT_RE, _WORD_RE, Words, decode_spans, trim, word_units, words_of
 
 
 def split(text: str) -> list[tuple[int, int]]:
@@ -266,6 +266,22 @@ def test_a_word_read_from_a_space_finds_its_unit_past_the_space():
 # --- the decoder against a plain reference ------------------------------------------------------
 
 
+def _finditer_spans(pattern: re.Pattern[str], text: str) -> list[tuple[int, int]]:
+    """The spans of the module's patterns as ``finditer`` gives them, one match object per match."""
+    return [match.span() for match in pattern.finditer(text)]
+
+
+def _reference_units(text: str, offsets) -> list[int]:
+    """word_units word by word: the unit holding the word's first non-space character, or -1."""
+    owner = {p: i for i, (a, b) in enumerate(_finditer_spans(_UNIT_RE, text)) for p in range(a, b)}
+    unit = []
+    for start, end in offsets:
+        while start < end and start < len(text) and text[start].isspace():
+            start += 1
+        unit.append(owner.get(start, -1) if start < end else -1)
+    return unit
+
+
 def _reference_decode(probabilities, offsets, labels, text, threshold):
     """decode_spans word by word and span by span: the loops the vectorised decoder replaced."""
     probs = np.asarray(probabilities, np.float32)
@@ -274,13 +290,7 @@ def _reference_decode(probabilities, offsets, labels, text, threshold):
     label = [int(np.argmax(row)) if row.max() > np.float32(threshold) else -1 for row in probs]
     if max(label) < 0:
         return []
-    units = [match.span() for match in _UNIT_RE.finditer(text)]
-    unit = []
-    for start, end in offsets:
-        while start < end and start < len(text) and text[start].isspace():
-            start += 1
-        inside = [i for i, (a, b) in enumerate(units) if a <= start < b]
-        unit.append(inside[0] if inside and start < end and start < len(text) else -1)
+    unit = _reference_units(text, offsets)
     w = 0
     while w < len(offsets):  # each run of words in one unit
         stop = w + 1
@@ -390,6 +400,60 @@ def test_decoder_matches_the_plain_reference_at_the_edges(rows, offsets, text):
     for threshold in (0.0, 0.5, 0.75):
         got = decode_spans(probabilities, np.array(offsets, np.int32).reshape(-1, 2), labels, text, threshold)
         assert got == _reference_decode(probabilities, offsets, labels, text, threshold)
+
+
+# --- words and units are finditer's matches -----------------------------------------------------
+
+# Every kind of space, U+3000 among them: ``\s`` matches it, yet it is a CJK word (and starts no unit).
+_SPACE_CHARS = " \t\n\r\x0b\x0c\x1c\x85\xa0\u1680\u2003\u2028\u202f\u205f\u3000"
+_PIECES = [
+    "word", "Ab", "x9", "co-op", "snake_case", "a--b", "Müller", "é", "ſ", "\u212a", "\u0265", "\ua7b5", "42", "3.14",
+    ",", ".", "!", "?", ";", ":", "-", "_", "%", "+", "/", "(", ")", "[", "]", "{", "}", "<", ">", "「", "」", "『", "』",
+    '"', "'", "\u201c", "\u201d", "\u2018", "\u2019", "\u00ab", "\u00bb", "東京", "是", "。", "、", "\uff01", "Ａ", "서울", "한",
+    "http://x.y/z", "https://a.b/c?d=1", "HTTPS://A.B/", "www.a.b", "WWW.x.org/p", "http://", "www.", "httpſ://s.t",
+    "a@b.cd", "Jane.Doe@Example.COM", "x@y", "@handle", "@", "@_a", "😀", "𝒳", "\u0301",
+]  # fmt: skip
+
+
+def _mixed_text(rng: np.random.Generator) -> str:
+    """Pieces glued together or apart, by runs of one to three spaces of any kind."""
+    out = []
+    for _ in range(int(rng.integers(0, 30))):
+        out.append(str(rng.choice(_PIECES)))
+        if rng.random() < 0.6:
+            out.append("".join(rng.choice(list(_SPACE_CHARS), int(rng.integers(1, 4)))))
+    return "".join(out)
+
+
+def _assert_finditer_spans(text: str, offsets) -> None:
+    assert split(text) == _finditer_spans(_WORD_RE, text), text
+    for given in (chars(text).reshape(-1, 2), np.array(offsets, np.int64).reshape(-1, 2)):
+        assert word_units(text, given).tolist() == _reference_units(text, given.tolist()), (text, given.tolist())
+
+
+def test_words_and_units_are_finditer_matches_on_random_texts():
+    """Words (through ``words_of``) and units (through ``word_units``, per code point and per word read
+    from the spaces before it) of random texts of words, URLs, e-mails, handles, CJK, Hangul, brackets,
+    quotes and all kinds of spaces are finditer's matches."""
+    rng = np.random.default_rng(0)
+    ideographic = 0
+    for _ in range(2000):
+        text = _mixed_text(rng)
+        _assert_finditer_spans(text, _random_words(rng, text))
+        ideographic += "\u3000" in text
+    assert ideographic > 500
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "", " ", "\t\n ", "\u3000", "\u3000\u3000\u3000", " \u3000 \u3000", "a\u3000\u3000b", "end ", "end\u3000",
+        "end\n\u00a0\u2003", "x\u00a0y\u2003z", "http://x.y/z.", "http://x.y/z)」更多", "www.a.b。", "http://x.y/z\u3000a",
+        "see https://a.b/c), ok", "a@b.cd\u3000@x", "東京\u3000\u3000大阪", " " * 50 + "a" + " " * 50, "😀\u3000𝒳 ",
+    ],
+)
+def test_words_and_units_are_finditer_matches_at_the_edges(text):
+    _assert_finditer_spans(text, split(text))
 
 
 # --- word units ---------------------------------------------------------------------------------

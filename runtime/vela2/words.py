@@ -28,22 +28,23 @@ _URL_PREFIX = r"(?:https?://|www\.)"
 # Punctuation and closers a URL word may be followed by without owning them.
 _URL_FOLLOWERS = re.escape(".,;:!?)]}>\"'\u201d\u2019\u00bb")
 _URL_CHAR = rf"[^\s{_CJK}]"
+# Each pattern is one group, the whole match, for ``_spans`` to read the matches from ``split``.
 # Case-insensitive as a whole, so the CJK class also takes characters whose case partner is in it.
 _WORD_RE = re.compile(
-    rf"{_URL_PREFIX}{_URL_CHAR}+?(?=[{_URL_FOLLOWERS}]*(?!{_URL_CHAR}))"
+    rf"({_URL_PREFIX}{_URL_CHAR}+?(?=[{_URL_FOLLOWERS}]*(?!{_URL_CHAR}))"
     r"|[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,}"
     r"|@[a-z0-9_]+"
     rf"|[{_CJK}]"
     rf"|[^\W{_CJK}]+(?:[-_][^\W{_CJK}]+)*"
-    r"|\S",
+    r"|\S)",
     re.IGNORECASE,
 )
 # Units are matched case-sensitively (an upper-case "HTTP://" is not a URL unit), as upstream.
 _UNIT_CHAR = rf"[^\s{re.escape('])}>「」『』')}\"'\u201c\u201d{_CJK}]"
 _UNIT_RE = re.compile(
-    rf"{_URL_PREFIX}{_UNIT_CHAR}+?(?=[.,;:!?]*(?!{_UNIT_CHAR}))"
+    rf"({_URL_PREFIX}{_UNIT_CHAR}+?(?=[.,;:!?]*(?!{_UNIT_CHAR}))"
     rf"|(?:[^\W_{_CJK}]|[@._+-])+"
-    r"|\S"
+    r"|\S)"
 )
 _URL_START_RE = re.compile(_URL_PREFIX, re.IGNORECASE)
 _CJK_RE = re.compile(f"[{_CJK}]")
@@ -68,13 +69,26 @@ class Words:
         return len(self.first)
 
 
+def _spans(pattern: re.Pattern[str], text: str) -> npt.NDArray[np.int64]:
+    """Code-point ``[start, end)`` of each match of ``pattern`` in ``text`` (int64 [N, 2]), as ``finditer``
+    finds them.
+
+    The pattern's one group is the whole match, so ``split`` lists the text each match skipped and the
+    match in turn, and the running lengths of the pieces are the bounds: the C engine walks the text
+    without a match object, a Python step, per match.
+    """
+    pieces = pattern.split(text)
+    bounds = np.cumsum(np.fromiter(map(len, pieces), np.int64, len(pieces)))
+    return bounds[:-1].reshape(-1, 2)
+
+
 def words_of(text: str, token_offsets: npt.NDArray[np.int32]) -> Words:
     """The words of ``text`` with their first covering token; words no token covers are dropped.
 
     ``token_offsets`` are the tokenizer's code-point offsets, which byte-level BPE may repeat or
     overlap; tokens with ``end <= start`` never count.
     """
-    spans = np.asarray([m.span() for m in _WORD_RE.finditer(text)], np.int64).reshape(-1, 2)
+    spans = _spans(_WORD_RE, text)
     tokens = np.asarray(token_offsets, np.int64).reshape(-1, 2)
     ends = np.where(tokens[:, 1] > tokens[:, 0], tokens[:, 1], -1)
     # The running end is sorted, so one search finds the first token ending past each word start;
@@ -108,7 +122,7 @@ def _visible_starts(text: str, offsets: npt.NDArray[np.integer]) -> npt.NDArray[
 def word_units(text: str, offsets: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
     """The unit holding each word's first non-space character, or -1 when there is none: what ``decode_spans``
     settles labels by, a function of the text and its words alone."""
-    bounds = np.asarray([m.span() for m in _UNIT_RE.finditer(text)], np.int64).reshape(-1, 2)
+    bounds = _spans(_UNIT_RE, text)
     first = _visible_starts(text, offsets)
     unit = np.searchsorted(bounds[:, 0], first, side="right") - 1
     inside = (unit >= 0) & (first < offsets[:, 1]) & (first < len(text))
