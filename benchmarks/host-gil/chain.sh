@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Device chain (issue 17), written on 2026-12-07, not yet run (results: h in 0.8B-http-batching/, s in
-# 0.8B-http-switch-interval/, r in 0.8B-http-ray-replicas2/, k in 4B-http-batching/, x in 0.8B-http-exact/).
+# Device chain (issue 17), written on 2026-12-07, not yet run: a later session that day found no machine in 12
+# starts (results: h in 0.8B-http-batching/, s in 0.8B-http-switch-interval/, r in 0.8B-http-ray-replicas2/, k in
+# 4B-http-batching/, x in 0.8B-http-exact/).
 # h100-server-cpu's 0.8B over HTTP answered 37.6 req/s at 16 clients with the server's CPU a request flat across
 # the load (70 -> 93 -> 82 ms) while its heads stage went 1.5 -> 63 -> 213 ms: waiting, not work, and the cores
 # mostly idle (3 of 16). The host path holds the GIL about 16.5 ms a router request (cpu-host-path/gil, 2 cores),
