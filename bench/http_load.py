@@ -268,7 +268,8 @@ def scrape(url: str) -> Samples | None:
 def server_cpu(before: Samples | None, after: Samples | None, answered: int) -> dict[str, Any] | None:
     """The server's CPU per answered decision request between two scrapes, in ms: ``process``, each thread
     pool's and ``outside_python`` (the process's less its Python threads'); the forwards run meanwhile and
-    their mean requests. ``None`` unless both scrapes count exactly the ``answered`` requests between them."""
+    their mean requests; per head pool, its tasks a request and the mean ms a task waited for a thread and
+    ran. ``None`` unless both scrapes count exactly the ``answered`` requests between them."""
     if before is None or after is None:
         return None
 
@@ -284,6 +285,20 @@ def server_cpu(before: Samples | None, after: Samples | None, answered: int) -> 
     }  # fmt: skip
     process = change("process_cpu_seconds_total") * 1e3 / answered
     forwards = change("s1omni_batch_requests_count")
+
+    def head_pool(pool: str) -> dict[str, float | None]:
+        tasks = change("s1omni_head_pool_tasks_total", lambda labels: labels["pool"] == pool)
+
+        def ms_per_task(name: str) -> float | None:
+            return round(change(name, lambda labels: labels["pool"] == pool) * 1e3 / tasks, DIGITS) if tasks else None
+
+        return {
+            "tasks_per_request": round(tasks / answered, DIGITS),
+            "wait_ms_per_task": ms_per_task("s1omni_head_pool_wait_seconds_total"),
+            "run_ms_per_task": ms_per_task("s1omni_head_pool_run_seconds_total"),
+        }
+
+    head_pools = sorted(dict(key[1])["pool"] for key in after if key[0] == "s1omni_head_pool_tasks_total")
     return {
         "answered": answered,
         "process_ms_per_request": round(process, DIGITS),
@@ -291,6 +306,7 @@ def server_cpu(before: Samples | None, after: Samples | None, answered: int) -> 
         "outside_python_ms_per_request": round(process - sum(pools.values()), DIGITS),
         "forwards": round(forwards),
         "mean_requests_per_forward": round(change("s1omni_batch_requests_sum") / forwards, DIGITS) if forwards else None,
+        "head_pools": {pool: head_pool(pool) for pool in head_pools},
     }
 
 

@@ -28,7 +28,8 @@ OpenBLAS's threads and scipy's erf, 42 with this module, on 2 shared cores).
   ``torch_on_one_thread`` is then a no-op there. The per-call limit and restore are Python with the
   GIL held (threadpoolctl's limiter over ctypes): about 11 us a call alone, 0.6-0.9 ms of GIL for the
   ~23 GELU calls of a 0.8B router request with four threads at work, time every other thread of a
-  loaded server waits through (benchmarks/cpu-host-path/gil).
+  loaded server waits through (benchmarks/cpu-host-path/gil). Each pool also counts its tasks and the time
+  they waited for a thread and ran (``HeadsPool.totals``, ``/metrics``' ``s1omni_head_pool_*``).
 
 torch is imported at the first GELU, not with this module. A process that loads heads imports it
 already (the Vela 2.0 head tensors are read through safetensors' torch reader, OmniJev's model
@@ -40,10 +41,13 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from importlib.metadata import distribution
+from typing import Any, TypeVar
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -67,6 +71,7 @@ def _openmp() -> ThreadpoolController:
 
 
 # Set in the threads of ``heads_pool``, whose torch count is one for good.
+T = TypeVar("T")
 _pool_thread = threading.local()
 
 
@@ -91,9 +96,49 @@ def _pin_to_one_thread() -> None:
     _pool_thread.pinned = True
 
 
-def heads_pool(threads: int, name: str) -> ThreadPoolExecutor:
-    """A pool for head work only: torch runs inline on each of its threads, set once per thread."""
-    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name, initializer=_pin_to_one_thread)
+class HeadsPool(ThreadPoolExecutor):
+    """A pool for head work only: torch runs inline on each of its threads, set once per thread. It keeps, for
+    ``/metrics``, the tasks it finished, the seconds they waited for a thread and the seconds they ran: under
+    load a head that waits for the pool and one that runs long (the GIL, the cores) look alike from outside."""
+
+    def __init__(self, threads: int, name: str):
+        super().__init__(max_workers=threads, thread_name_prefix=name, initializer=_pin_to_one_thread)
+        self.name = name
+        self._totals_lock = threading.Lock()
+        self._tasks = 0
+        self._wait_s = 0.0
+        self._run_s = 0.0
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:  # map comes here too
+        queued = time.perf_counter()
+
+        def timed() -> T:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                ran = time.perf_counter() - started
+                with self._totals_lock:
+                    self._tasks += 1
+                    self._wait_s += started - queued
+                    self._run_s += ran
+
+        return super().submit(timed)
+
+    def totals(self) -> tuple[int, float, float]:
+        """Tasks finished, seconds they waited for a thread, seconds they ran, since the pool started."""
+        with self._totals_lock:
+            return self._tasks, self._wait_s, self._run_s
+
+
+HEADS_POOLS: weakref.WeakSet[HeadsPool] = weakref.WeakSet()  # the live pools heads_pool made, for /metrics
+
+
+def heads_pool(threads: int, name: str) -> HeadsPool:
+    """A new ``HeadsPool``, in ``HEADS_POOLS`` while it lives."""
+    pool = HeadsPool(threads, name)
+    HEADS_POOLS.add(pool)
+    return pool
 
 
 def gelu(x: np.ndarray) -> np.ndarray:

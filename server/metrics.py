@@ -15,6 +15,10 @@ threads, read from each thread's own clock at the scrape and summed by pool (a t
 ``process_cpu_seconds_total`` less their sum is the threads Python did not start (ONNX Runtime's,
 CUDA's). A gauge, not a counter: a thread that ends takes its time with it. Two scrapes around a
 load give its CPU per request and pool (``s1omni bench --http`` records them).
+
+``s1omni_head_pool_*_total{pool}`` splits the heads' time in the two head pools the same way: tasks, the
+seconds they waited for a thread of the pool, the seconds they ran; a heads stage that grows with load is
+either waiting for the pool (more threads would help) or running longer (the GIL, the cores: they would not).
 """
 
 from __future__ import annotations
@@ -35,9 +39,11 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+
+from s1omni.runtime.cpu_heads import HEADS_POOLS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
 PLAN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -75,6 +81,22 @@ class ThreadCpu(Collector):
         yield family
 
 
+class HeadPools(Collector):
+    """``s1omni_head_pool_{tasks,wait_seconds,run_seconds}_total{pool}``: per head pool (``cpu_heads.HEADS_POOLS``),
+    the tasks finished, the seconds they waited for one of its threads and the seconds they ran."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        families = [
+            CounterMetricFamily("s1omni_head_pool_tasks", "Head tasks a head pool finished.", labels=("pool",)),
+            CounterMetricFamily("s1omni_head_pool_wait_seconds", "Seconds head tasks waited for a thread of their pool.", labels=("pool",)),
+            CounterMetricFamily("s1omni_head_pool_run_seconds", "Seconds head tasks ran on their pool's threads.", labels=("pool",)),
+        ]  # fmt: skip
+        for pool in sorted(HEADS_POOLS, key=lambda pool: pool.name):
+            for family, value in zip(families, pool.totals(), strict=True):
+                family.add_metric((pool.name,), value)
+        yield from families
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
@@ -82,6 +104,7 @@ class Metrics:
         PlatformCollector(registry=registry)
         GCCollector(registry=registry)
         registry.register(ThreadCpu())
+        registry.register(HeadPools())
         self.requests = Counter(
             "s1omni_requests_total", "HTTP requests by route, status and error code (ok when none).",
             ("route", "status", "code"), registry=registry,

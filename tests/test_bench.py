@@ -121,6 +121,9 @@ def test_http_runs(record: tuple[dict, Path]) -> None:
         assert cpu["pools_ms_per_request"]["s1omni-worker"] > 0 and cpu["pools_ms_per_request"]["MainThread"] > 0
         assert sum(cpu["pools_ms_per_request"].values()) <= cpu["process_ms_per_request"] + 10e3 / cpu["answered"]
         assert 1 <= cpu["mean_requests_per_forward"] <= run["concurrency"] and cpu["forwards"] >= cpu["answered"] / run["concurrency"]
+        # The heads begun during the forward ran on the readout pool: per task, a wait for a thread and a run.
+        readout = cpu["head_pools"]["s1omni-head-readout"]
+        assert readout["tasks_per_request"] >= 1 and readout["wait_ms_per_task"] >= 0 and readout["run_ms_per_task"] > 0
 
 
 def test_merged_requests_answer_as_one_request_each(tiny_model) -> None:
@@ -161,9 +164,16 @@ def test_a_request_runs_in_steps_and_a_backbone_workload_does_not(tiny_model) ->
 
 
 def test_server_cpu_is_per_answered_request_and_only_where_the_scrapes_saw_them_all() -> None:
-    def samples(requests: float, process: float, worker: float, loop: float, forwards: float, merged: float) -> dict:
+    def samples(requests: float, process: float, worker: float, loop: float, forwards: float, merged: float, heads: tuple) -> dict:
         ok = (("code", "ok"), ("route", "/v1/systemone"), ("status", "200"))
+        readout, chunks = (("pool", "s1omni-head-readout"),), (("pool", "s1omni-span-head"),)
         return {
+            ("s1omni_head_pool_tasks_total", readout): heads[0],
+            ("s1omni_head_pool_wait_seconds_total", readout): heads[1],
+            ("s1omni_head_pool_run_seconds_total", readout): heads[2],
+            ("s1omni_head_pool_tasks_total", chunks): 3.0,  # no task between the scrapes
+            ("s1omni_head_pool_wait_seconds_total", chunks): 0.1,
+            ("s1omni_head_pool_run_seconds_total", chunks): 0.2,
             ("s1omni_requests_total", ok): requests,
             ("s1omni_requests_total", (("code", "ok"), ("route", "/metrics"), ("status", "200"))): requests * 7,
             ("process_cpu_seconds_total", ()): process,
@@ -173,11 +183,16 @@ def test_server_cpu_is_per_answered_request_and_only_where_the_scrapes_saw_them_
             ("s1omni_batch_requests_sum", (("profile", "batching"),)): merged,
         }
 
-    before, after = samples(10, 5.0, 1.0, 0.5, 10, 10), samples(14, 5.2, 1.1, 0.54, 12, 14)
+    before = samples(10, 5.0, 1.0, 0.5, 10, 10, (50.0, 1.0, 2.0))
+    after = samples(14, 5.2, 1.1, 0.54, 12, 14, (70.0, 1.4, 2.1))
     cpu = server_cpu(before, after, 4)
     assert cpu == {
         "answered": 4, "process_ms_per_request": 50.0, "pools_ms_per_request": {"MainThread": 10.0, "s1omni-worker": 25.0},
         "outside_python_ms_per_request": 15.0, "forwards": 2, "mean_requests_per_forward": 2.0,
+        "head_pools": {
+            "s1omni-head-readout": {"tasks_per_request": 5.0, "wait_ms_per_task": 20.0, "run_ms_per_task": 5.0},
+            "s1omni-span-head": {"tasks_per_request": 0.0, "wait_ms_per_task": None, "run_ms_per_task": None},
+        },
     }  # fmt: skip
     assert server_cpu(before, after, 5) is None  # another process's metrics (a Ray Serve replica's) saw fewer
     assert server_cpu(None, after, 4) is None and server_cpu(before, None, 4) is None and server_cpu(before, before, 0) is None

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from s1omni.runtime.cpu_heads import gelu, heads_pool, torch_on_one_thread
+from s1omni.runtime.cpu_heads import HEADS_POOLS, gelu, heads_pool, torch_on_one_thread
 from s1omni.runtime.vela2.heads import SPAN_TENSORS, WORD_CHUNK, SpanHead
 
 # Run in a fresh process: the limit is process-wide, and a test process has loaded models already.
@@ -118,3 +119,21 @@ def test_span_scores_are_bitwise_the_same_whichever_threads_score_the_chunks() -
     with ThreadPoolExecutor(4) as callers:  # four calls at once: their chunks interleave on the pool
         for scores in callers.map(lambda _: head(words, labels), range(8)):
             np.testing.assert_array_equal(scores, alone)
+
+
+def test_a_heads_pool_counts_its_tasks_their_wait_for_a_thread_and_their_run() -> None:
+    """One thread: the second task waits while the first sleeps, and both ran at least their sleep; map's
+    tasks and a task that raises count too. The pool is listed for ``/metrics`` while it lives."""
+    pool = heads_pool(1, "test-timed")
+    try:
+        assert pool in HEADS_POOLS and pool.totals() == (0, 0.0, 0.0)
+        first, second = pool.submit(time.sleep, 0.1), pool.submit(time.sleep, 0.05)
+        first.result(), second.result()
+        tasks, wait_s, run_s = pool.totals()
+        assert tasks == 2 and 0.09 <= wait_s < 0.5 and 0.15 <= run_s < 0.6
+        assert list(pool.map(abs, [-1, -2, -3])) == [1, 2, 3] and pool.totals()[0] == 5
+        with pytest.raises(ZeroDivisionError):
+            pool.submit(divmod, 1, 0).result()
+        assert pool.totals()[0] == 6
+    finally:
+        pool.shutdown()

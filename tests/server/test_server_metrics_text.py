@@ -21,6 +21,9 @@ SERIES = {
     "s1omni_deadline_expired_total": "counter",
     "s1omni_test_depth": "gauge",
     "s1omni_thread_cpu_seconds": "gauge",
+    "s1omni_head_pool_tasks_total": "counter",
+    "s1omni_head_pool_wait_seconds_total": "counter",
+    "s1omni_head_pool_run_seconds_total": "counter",
 }
 
 
