@@ -287,15 +287,14 @@ def server_cpu(before: Samples | None, after: Samples | None, answered: int) -> 
     forwards = change("s1omni_batch_requests_count")
 
     def head_pool(pool: str) -> dict[str, float | None]:
-        tasks = change("s1omni_head_pool_tasks_total", lambda labels: labels["pool"] == pool)
-
-        def ms_per_task(name: str) -> float | None:
-            return round(change(name, lambda labels: labels["pool"] == pool) * 1e3 / tasks, DIGITS) if tasks else None
-
+        tasks, wait, run = (
+            change(f"s1omni_head_pool_{series}_total", lambda labels: labels["pool"] == pool)
+            for series in ("tasks", "wait_seconds", "run_seconds")
+        )
         return {
             "tasks_per_request": round(tasks / answered, DIGITS),
-            "wait_ms_per_task": ms_per_task("s1omni_head_pool_wait_seconds_total"),
-            "run_ms_per_task": ms_per_task("s1omni_head_pool_run_seconds_total"),
+            "wait_ms_per_task": round(wait * 1e3 / tasks, DIGITS) if tasks else None,
+            "run_ms_per_task": round(run * 1e3 / tasks, DIGITS) if tasks else None,
         }
 
     head_pools = sorted(dict(key[1])["pool"] for key in after if key[0] == "s1omni_head_pool_tasks_total")

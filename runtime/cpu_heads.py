@@ -70,8 +70,8 @@ def _openmp() -> ThreadpoolController:
     return ThreadpoolController().select(user_api="openmp")
 
 
-# Set in the threads of ``heads_pool``, whose torch count is one for good.
 T = TypeVar("T")
+# Set in the threads of ``heads_pool``, whose torch count is one for good.
 _pool_thread = threading.local()
 
 

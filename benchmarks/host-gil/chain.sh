@@ -12,8 +12,8 @@
 # instance. Run with scripts/device.sh: start CHAIN (carry DIR/p1), stage 2..N, the last with .device/ort-include
 # copied to /tmp/ort-include, then poll "chain done"; DIR is .device/ray (RAY=1 scripts/device-pack.sh, 10 parts)
 # for the Ray arm, .device (6 parts) without it. Rename the folder after the card.
-#  r  the 0.8B (h's build) served as h is but through Ray Serve, two replicas of one instance sharing the GPU (two processes,
-#     two GILs), where ray is staged
+#  r  h's 0.8B build served as h serves it, but through Ray Serve: two replicas of one instance sharing the GPU (two
+#     processes, two GILs), where ray is staged
 #  h  the 0.8B (ChunkedGatedDeltaRule bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16)
 #     built, validated, served with `batching` and two instances at 1, 8 and 16 clients (reference server beside it)
 #  s  the 0.8B served as h with switch-interval/ first on PYTHONPATH (a 0.5 ms GIL switch interval in every process)
@@ -52,10 +52,12 @@ fi
 env KERNELS=$K PRECISIONS=$NEW08 bash scripts/h200.sh 0.8B $R/h build,validate > $R/h/chain-validate.log 2>&1
 log "rc-h-validate $?"; pack h
 if passed $R/h/validate-0.8B-$(name $NEW08).json; then
-  if arm r && python3 -c "import ray.serve" 2> /dev/null; then
-    http 0.8B $NEW08 r batching "--ray --replicas=2 --gpus-per-replica=0.5" 1
-  elif arm r; then
-    log "r skipped: ray is not staged"
+  if arm r; then
+    if python3 -c "import ray.serve" 2> /dev/null; then
+      http 0.8B $NEW08 r batching "--ray --replicas=2 --gpus-per-replica=0.5" 1
+    else
+      log "r skipped: ray is not staged"
+    fi
   fi
   arm h && http 0.8B $NEW08 h batching --instances=2
   arm s && PYTHONPATH=$PWD/benchmarks/host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching --instances=2 1
