@@ -269,7 +269,8 @@ def server_cpu(before: Samples | None, after: Samples | None, answered: int) -> 
     """The server's CPU per answered decision request between two scrapes, in ms: ``process``, each thread
     pool's and ``outside_python`` (the process's less its Python threads'); the forwards run meanwhile and
     their mean requests; per head pool, its tasks a request and the mean ms a task waited for a thread and
-    ran. ``None`` unless both scrapes count exactly the ``answered`` requests between them."""
+    ran; the CUDA graphs captured meanwhile, the ms their capturing runs took, and the runs deferred (``cuda_graphs``).
+    ``None`` unless both scrapes count exactly the ``answered`` requests between them."""
     if before is None or after is None:
         return None
 
@@ -306,6 +307,11 @@ def server_cpu(before: Samples | None, after: Samples | None, answered: int) -> 
         "forwards": round(forwards),
         "mean_requests_per_forward": round(change("s1omni_batch_requests_sum") / forwards, DIGITS) if forwards else None,
         "head_pools": {pool: head_pool(pool) for pool in head_pools},
+        "cuda_graphs": {
+            "captures": round(change("s1omni_cuda_graph_captures_total")),
+            "capture_ms": round(change("s1omni_cuda_graph_capture_seconds_total") * 1e3, DIGITS),
+            "deferred_runs": round(change("s1omni_cuda_graph_deferred_runs_total")),
+        },
     }
 
 

@@ -153,7 +153,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         help="onnxruntime/cuda only, on by default there: replay each shape of the smaller calls (up to "
         "s1omni.runtime.runners.cuda_graphs.MAX_GRAPH_TOKENS tokens) as a CUDA graph, one launch a run instead of thousands "
-        "(widths rounded up to buckets of at most 12.5%% padding; the first run of each shape captures it)",
+        "(widths rounded up to buckets of at most 12.5%% padding; the first run of each shape captures it where no "
+        "other forward runs on the GPU, a later run where one does)",
     )
     parser.add_argument(
         "--vision-cuda-graphs",
@@ -161,7 +162,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=False,
         help="onnxruntime/cuda, vision members (OmniJev) only, opt-in (validated on the H200): replay the vision tower "
         "as a CUDA graph per patch count, which images of one size share (the first image of each runs it three times "
-        "to capture it; at most s1omni.runtime.runners.cuda_graphs.MAX_GRAPHS of them, the others run eagerly)",
+        "to capture it, once where another forward runs on the GPU and captures later; at most s1omni.runtime.runners.cuda_graphs.MAX_GRAPHS of them, the others run eagerly)",
     )
     add_json(parser)
     add_quiet(parser)

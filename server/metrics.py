@@ -44,6 +44,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from s1omni.runtime.cpu_heads import HEADS_POOLS
+from s1omni.runtime.runners.cuda_graphs import CAPTURES
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
 PLAN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -97,6 +98,18 @@ class HeadPools(Collector):
         yield from families
 
 
+class CudaGraphs(Collector):
+    """``s1omni_cuda_graph_{captures,capture_seconds,deferred_runs}_total``: the CUDA graphs the process captured, the
+    seconds their capturing runs took, and the runs of graphs not yet captured that found another forward on the
+    device, so ran outside any graph rather than wait for it (``cuda_graphs.CAPTURES``)."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        captured, seconds, deferred = CAPTURES.totals()
+        yield CounterMetricFamily("s1omni_cuda_graph_captures", "CUDA graphs captured.", value=captured)
+        yield CounterMetricFamily("s1omni_cuda_graph_capture_seconds", "Seconds the capturing runs took (warm-up runs and capture).", value=seconds)
+        yield CounterMetricFamily("s1omni_cuda_graph_deferred_runs", "Runs of a graph not yet captured that found another forward on the device.", value=deferred)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry(auto_describe=True)
@@ -105,6 +118,7 @@ class Metrics:
         GCCollector(registry=registry)
         registry.register(ThreadCpu())
         registry.register(HeadPools())
+        registry.register(CudaGraphs())
         self.requests = Counter(
             "s1omni_requests_total", "HTTP requests by route, status and error code (ok when none).",
             ("route", "status", "code"), registry=registry,

@@ -164,10 +164,14 @@ def test_a_request_runs_in_steps_and_a_backbone_workload_does_not(tiny_model) ->
 
 
 def test_server_cpu_is_per_answered_request_and_only_where_the_scrapes_saw_them_all() -> None:
-    def samples(requests: float, process: float, worker: float, loop: float, forwards: float, merged: float, heads: tuple) -> dict:
+    def samples(requests: float, process: float, worker: float, loop: float, forwards: float, merged: float, heads: tuple,
+                graphs: tuple) -> dict:  # fmt: skip
         ok = (("code", "ok"), ("route", "/v1/systemone"), ("status", "200"))
         readout, chunks = (("pool", "s1omni-head-readout"),), (("pool", "s1omni-span-head"),)
         return {
+            ("s1omni_cuda_graph_captures_total", ()): graphs[0],
+            ("s1omni_cuda_graph_capture_seconds_total", ()): graphs[1],
+            ("s1omni_cuda_graph_deferred_runs_total", ()): graphs[2],
             ("s1omni_head_pool_tasks_total", readout): heads[0],
             ("s1omni_head_pool_wait_seconds_total", readout): heads[1],
             ("s1omni_head_pool_run_seconds_total", readout): heads[2],
@@ -183,8 +187,8 @@ def test_server_cpu_is_per_answered_request_and_only_where_the_scrapes_saw_them_
             ("s1omni_batch_requests_sum", (("profile", "batching"),)): merged,
         }
 
-    before = samples(10, 5.0, 1.0, 0.5, 10, 10, (50.0, 1.0, 2.0))
-    after = samples(14, 5.2, 1.1, 0.54, 12, 14, (70.0, 1.4, 2.1))
+    before = samples(10, 5.0, 1.0, 0.5, 10, 10, (50.0, 1.0, 2.0), (9.0, 1.5, 4.0))
+    after = samples(14, 5.2, 1.1, 0.54, 12, 14, (70.0, 1.4, 2.1), (12.0, 2.25, 11.0))
     cpu = server_cpu(before, after, 4)
     assert cpu == {
         "answered": 4, "process_ms_per_request": 50.0, "pools_ms_per_request": {"MainThread": 10.0, "s1omni-worker": 25.0},
@@ -193,6 +197,7 @@ def test_server_cpu_is_per_answered_request_and_only_where_the_scrapes_saw_them_
             "s1omni-head-readout": {"tasks_per_request": 5.0, "wait_ms_per_task": 20.0, "run_ms_per_task": 5.0},
             "s1omni-span-head": {"tasks_per_request": 0.0, "wait_ms_per_task": None, "run_ms_per_task": None},
         },
+        "cuda_graphs": {"captures": 3, "capture_ms": 750.0, "deferred_runs": 7},
     }  # fmt: skip
     assert server_cpu(before, after, 5) is None  # another process's metrics (a Ray Serve replica's) saw fewer
     assert server_cpu(None, after, 4) is None and server_cpu(before, None, 4) is None and server_cpu(before, before, 0) is None

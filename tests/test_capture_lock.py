@@ -15,6 +15,7 @@ import pytest
 
 from s1omni.runtime.runners.base import Block, Prefix, Tree
 from s1omni.runtime.runners.capture_lock import CAPTURE_LOCK, CaptureLock
+from s1omni.runtime.runners.cuda_graphs import CAPTURES, GRAPH_ID, Graph
 from s1omni.runtime.runners.onnxruntime_runner import OnnxRuntimeRunner
 
 SETTLE_S = 0.2  # how long a thread that should be blocked is given to (wrongly) get through
@@ -22,14 +23,15 @@ DONE_S = 10.0  # how long a thread that should get through is given
 
 
 class Holder:
-    """A thread that holds ``enter()`` (a context) from ``start`` until ``release``."""
+    """A thread that holds ``enter()`` (a context) from ``start`` until ``release``; ``value`` is what it gave."""
 
-    def __init__(self, enter: Callable[[], AbstractContextManager[None]], inside: Callable[[], None] = lambda: None):
+    def __init__(self, enter: Callable[[], AbstractContextManager[object]], inside: Callable[[], None] = lambda: None):
         self.entered, self.released, self.done = threading.Event(), threading.Event(), threading.Event()
+        self.value: object = None
         self._thread = threading.Thread(target=self._hold, args=(enter, inside), daemon=True)
 
-    def _hold(self, enter: Callable[[], AbstractContextManager[None]], inside: Callable[[], None]) -> None:
-        with enter():
+    def _hold(self, enter: Callable[[], AbstractContextManager[object]], inside: Callable[[], None]) -> None:
+        with enter() as self.value:
             self.entered.set()
             inside()
             self.released.wait(DONE_S)
@@ -44,81 +46,83 @@ class Holder:
         assert self.done.wait(DONE_S), "the holder never got out"
 
 
+def capturing(lock: CaptureLock) -> Holder:
+    """A thread holding a capture it was granted (the lock free when it asked)."""
+    holder = Holder(lock.exclusive_if_alone).start()
+    assert holder.entered.wait(DONE_S) and holder.value is True
+    return holder
+
+
 @pytest.fixture
 def lock() -> Iterator[CaptureLock]:
     yield CaptureLock()
 
 
-def test_runs_share_and_a_capture_waits_for_them(lock: CaptureLock) -> None:
+def test_runs_share_and_a_capture_is_refused_while_any_runs(lock: CaptureLock) -> None:
     first, second = Holder(lock.shared).start(), Holder(lock.shared).start()
     assert first.entered.wait(DONE_S) and second.entered.wait(DONE_S)  # two runs at once
-    capture = Holder(lock.exclusive).start()
-    assert not capture.entered.wait(SETTLE_S)
+    assert lock.busy_elsewhere()
+    with lock.exclusive_if_alone() as alone:
+        assert alone is False  # refused at once, not waited for
     first.release()
-    assert not capture.entered.wait(SETTLE_S)  # one run still inside
+    with lock.exclusive_if_alone() as alone:
+        assert alone is False  # one run still inside
     second.release()
-    assert capture.entered.wait(DONE_S)
-    capture.release()
+    assert not lock.busy_elsewhere()
+    capturing(lock).release()
 
 
-def test_a_waiting_capture_keeps_new_runs_out_and_a_capture_keeps_every_run_out(lock: CaptureLock) -> None:
-    running = Holder(lock.shared).start()
-    assert running.entered.wait(DONE_S)
-    capture = Holder(lock.exclusive).start()
-    assert not capture.entered.wait(SETTLE_S)
+def test_a_capture_keeps_every_run_and_every_other_capture_out(lock: CaptureLock) -> None:
+    capture = capturing(lock)
+    assert lock.busy_elsewhere()
     late = Holder(lock.shared).start()
-    assert not late.entered.wait(SETTLE_S)  # writers first: a busy server cannot starve a capture
-    running.release()
-    assert capture.entered.wait(DONE_S)
     assert not late.entered.wait(SETTLE_S)
+    other = Holder(lock.exclusive_if_alone).start()
+    assert other.entered.wait(DONE_S) and other.value is False
+    other.release()
     capture.release()
     assert late.entered.wait(DONE_S)
     late.release()
 
 
-def test_a_run_that_captures_steps_out_of_its_own_hold(lock: CaptureLock) -> None:
-    """Two forwards that each need a capture midway both finish: neither waits for the other's shared hold."""
-    order: list[str] = []
-    gate = threading.Barrier(2, timeout=DONE_S)
-
-    def forward(name: str) -> Callable[[], None]:
-        def body() -> None:
-            gate.wait()  # both inside shared before either captures
-            with lock.exclusive():
-                order.append(name)
-                with lock.shared():  # a run nested in the capture does not wait for it
-                    pass
-
-        return body
-
-    forwards = [Holder(lock.shared, forward(name)).start() for name in ("a", "b")]
-    for held in forwards:
-        assert held.entered.wait(DONE_S)
-        held.release()
-    assert sorted(order) == ["a", "b"]
-    other = Holder(lock.exclusive).start()  # every hold was given back
-    assert other.entered.wait(DONE_S)
-    other.release()
-
-
-def test_a_capture_waits_for_a_run_re_entered_after_anothers_capture(lock: CaptureLock) -> None:
-    """After its own capture a forward is back inside shared, so a capture waiting meanwhile waits for it."""
+def test_a_run_alone_captures_inside_its_own_hold_and_is_back_in_it_after(lock: CaptureLock) -> None:
     captured, resume = threading.Event(), threading.Event()
+    seen: list[object] = []
 
     def body() -> None:
-        with lock.exclusive():
-            pass
+        assert not lock.busy_elsewhere()  # its own hold does not count
+        with lock.exclusive_if_alone() as alone:
+            seen.append(alone)
+            with lock.shared():  # a run nested in the capture is inside it already
+                pass
         captured.set()
         resume.wait(DONE_S)
 
     forward = Holder(lock.shared, body).start()
-    assert captured.wait(DONE_S)
-    capture = Holder(lock.exclusive).start()
-    assert not capture.entered.wait(SETTLE_S)
+    assert captured.wait(DONE_S) and seen == [True]
+    assert lock.busy_elsewhere()  # back inside shared: another thread's capture is refused
+    with lock.exclusive_if_alone() as alone:
+        assert alone is False
     resume.set()
     forward.release()
-    assert capture.entered.wait(DONE_S)
-    capture.release()
+    capturing(lock).release()  # every hold was given back
+
+
+def test_two_runs_that_each_want_a_capture_are_both_refused_and_both_finish(lock: CaptureLock) -> None:
+    seen: list[object] = []
+    gate = threading.Barrier(2, timeout=DONE_S)
+
+    def body() -> None:
+        gate.wait()  # both inside shared before either tries
+        with lock.exclusive_if_alone() as alone:
+            seen.append(alone)
+        gate.wait()
+
+    forwards = [Holder(lock.shared, body).start() for _ in range(2)]
+    for held in forwards:
+        assert held.entered.wait(DONE_S)
+        held.release()
+    assert seen == [False, False]
 
 
 def _tree(prefix: int, block: int) -> Tree:
@@ -126,29 +130,66 @@ def _tree(prefix: int, block: int) -> Tree:
     return Tree(Prefix(rng.integers(1, 2048, prefix)), (Block(rng.integers(1, 2048, block), np.arange(block)),))
 
 
-def _running(runner: OnnxRuntimeRunner, tree: Tree) -> threading.Event:
-    """``runner.run([tree])`` on a thread of its own; the event is set once it returned."""
-    returned = threading.Event()
-    threading.Thread(target=lambda: (runner.run([tree]), returned.set()), daemon=True).start()
-    return returned
+def _running(runner: OnnxRuntimeRunner, tree: Tree) -> tuple[threading.Event, list]:
+    """``runner.run([tree])`` on a thread of its own: an event set once it returned, and a list that gets its answer."""
+    returned, answer = threading.Event(), []
+    threading.Thread(target=lambda: (answer.append(runner.run([tree])), returned.set()), daemon=True).start()
+    return returned, answer
 
 
-def test_the_runner_runs_inside_shared_and_captures_inside_exclusive(cuda_engine: Callable[..., tuple[Path, str]]) -> None:
+def _graphs(runner: OnnxRuntimeRunner) -> list[Graph]:
+    sessions = runner._graphs or ()
+    return [graph for session in sessions for graph in session.graphs.values()] + list(runner._row_graphs.values())
+
+
+def _counted_since(before: tuple[int, float, int]) -> tuple[int, int]:
+    """Graphs captured and runs deferred (``cuda_graphs.CAPTURES``) since ``before``."""
+    captured, _, deferred = CAPTURES.totals()
+    return captured - before[0], deferred - before[2]
+
+
+def _counting_runs(runner: OnnxRuntimeRunner) -> list[str]:
+    """From now on, a run option's graph id per run of the runner's graph sessions (each run appends one)."""
+    runs: list[str] = []
+    for session in (runner._prefill, runner._continue, runner._rows):
+        def counted(binding: object, options: object, run: Callable = session.run_with_iobinding) -> None:
+            runs.append(options.get_run_config_entry(GRAPH_ID))
+            run(binding, options)
+
+        session.run_with_iobinding = counted
+    return runs
+
+
+def test_the_runner_captures_only_alone_and_never_waits_to(cuda_engine: Callable[..., tuple[Path, str]]) -> None:
     engine = cuda_engine("--gated-delta-kernel", "LinearAttention", "--cuda-graphs")[0]
     runner = OnnxRuntimeRunner(engine, device="cpu", cuda_graphs=True)
-    runner.run([_tree(23, 9)])  # these shapes have their graphs now
+    counted = CAPTURES.totals()
+    runner.run([_tree(23, 9)])  # alone: these shapes are captured at once
+    first = _graphs(runner)
+    assert first and all(graph.captured for graph in first)
+    assert _counted_since(counted) == (len(first), 0)
 
-    capture = Holder(CAPTURE_LOCK.exclusive).start()  # a capture elsewhere keeps out every run, a replay too
-    assert capture.entered.wait(DONE_S)
-    replay = _running(runner, _tree(23, 9))
+    capture = capturing(CAPTURE_LOCK)  # a capture elsewhere keeps out every run, a replay too
+    replay, _ = _running(runner, _tree(23, 9))
     assert not replay.wait(SETTLE_S)
     capture.release()
     assert replay.wait(DONE_S)
 
-    running = Holder(CAPTURE_LOCK.shared).start()  # a run elsewhere keeps out a new shape's capture, not a replay
+    running = Holder(CAPTURE_LOCK.shared).start()  # a run elsewhere: a new shape runs once, outside any graph
     assert running.entered.wait(DONE_S)
-    assert _running(runner, _tree(23, 9)).wait(DONE_S)
-    new_shape = _running(runner, _tree(70, 33))
-    assert not new_shape.wait(SETTLE_S)
-    running.release()
+    assert _running(runner, _tree(23, 9))[0].wait(DONE_S)
+    session_runs, counted = _counting_runs(runner), CAPTURES.totals()
+    new_shape, busy_answer = _running(runner, _tree(70, 33))
     assert new_shape.wait(DONE_S)
+    fresh = [graph for graph in _graphs(runner) if graph not in first]
+    assert fresh and not any(graph.captured for graph in fresh) and all(graph.runs == 1 for graph in fresh)
+    assert len(session_runs) == len(fresh)  # no warm-up run beyond the one that answered
+    assert _counted_since(counted) == (0, len(fresh))  # /metrics' deferred runs
+    running.release()
+
+    counted = CAPTURES.totals()
+    alone_answer = runner.run([_tree(70, 33)])  # alone again: captured on this run, with the same answer
+    assert all(graph.captured for graph in fresh)
+    assert _counted_since(counted) == (len(fresh), 0)
+    assert CAPTURES.totals()[1] > counted[1]  # and their seconds
+    np.testing.assert_array_equal(busy_answer[0][0][0], alone_answer[0][0])

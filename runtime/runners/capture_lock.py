@@ -1,4 +1,4 @@
-"""CUDA graph captures apart from every other device run of the process.
+"""CUDA graph captures apart from every other device run of the process, and never waited for.
 
 ONNX Runtime's CUDA EP captures a graph in ``cudaStreamCaptureModeGlobal``: while one thread
 captures, a potentially unsafe CUDA call (an allocation, a synchronising copy) from any other thread
@@ -9,10 +9,13 @@ one worker captured while the other ran, and 97 of 587 requests (52 at 8 clients
 (benchmarks/h200-0.8B-http/batching-instances2). ``exact`` warmed every shape before serving and never hit it.
 
 So every device run holds ``CAPTURE_LOCK.shared()`` (any number of threads at once), and a capture
-holds ``CAPTURE_LOCK.exclusive()`` (no other thread inside ``shared``). A thread that captures in the
-middle of its own forward lets go of its shared hold while it waits, so two threads that both need a
-capture cannot deadlock; a waiting capture keeps new forwards out, so a busy server cannot starve it.
-Holds are per thread and re-entrant.
+holds ``CAPTURE_LOCK.exclusive_if_alone()`` (no other thread inside ``shared``), which a thread gets only
+where nothing else runs on the device at that moment, and is otherwise refused at once: a graph that finds
+the device busy runs outside any graph and tries again on a later run (``cuda_graphs.Graph``). A capture
+that waited for every other forward to end stalled the server instead: on an H100 with two instances, each
+merged size's first forward on each instance took 1.0-4.7 s, 26 s of forward time in a 15 s window
+(benchmarks/h100-host-gil, 0.8B-http-batching). A thread may capture inside its own shared hold, which it
+steps out of for the capture. Holds are per thread and re-entrant.
 """
 
 from __future__ import annotations
@@ -28,13 +31,12 @@ R = TypeVar("R")
 
 
 class CaptureLock:
-    """A readers-writer lock: ``shared`` for runs, ``exclusive`` for captures (writers first)."""
+    """A readers-writer lock whose writer never waits: ``shared`` for runs, ``exclusive_if_alone`` for captures."""
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
         self._readers = 0  # threads inside ``shared``
         self._writing = False
-        self._waiting_writers = 0
         self._held = threading.local()  # this thread's ``shared`` depth
 
     def _depth(self) -> int:
@@ -45,7 +47,7 @@ class CaptureLock:
         depth = self._depth()
         if depth == 0:
             with self._condition:
-                self._condition.wait_for(lambda: not self._writing and not self._waiting_writers)
+                self._condition.wait_for(lambda: not self._writing)
                 self._readers += 1
         self._held.depth = depth + 1
         try:
@@ -57,27 +59,36 @@ class CaptureLock:
                     self._readers -= 1
                     self._condition.notify_all()
 
+    def _alone(self, depth: int) -> bool:
+        """With the condition held: no capture, and no thread inside ``shared`` but this one (at ``depth``)."""
+        return not self._writing and self._readers == (1 if depth else 0)
+
+    def busy_elsewhere(self) -> bool:
+        """Whether another thread runs on the device (inside ``shared``) or captures now."""
+        with self._condition:
+            return not self._alone(self._depth())
+
     @contextmanager
-    def exclusive(self) -> Iterator[None]:
+    def exclusive_if_alone(self) -> Iterator[bool]:
+        """True, and no other thread inside ``shared`` until the block ends, where no other thread is inside
+        ``shared`` now; False at once otherwise (the caller runs without capturing)."""
         depth = self._depth()
         with self._condition:
-            if depth:  # step out of this thread's own shared hold while waiting, and come back after
-                self._readers -= 1
-                self._condition.notify_all()
-            self._waiting_writers += 1
-            self._condition.wait_for(lambda: not self._writing and not self._readers)
-            self._waiting_writers -= 1
-            self._writing = True
+            alone = self._alone(depth)
+            if alone:
+                self._writing = True
+                self._readers -= 1 if depth else 0  # out of this thread's own hold for the capture
+        if not alone:
+            yield False
+            return
         self._held.depth = depth + 1  # a run nested in the capture is inside it already
         try:
-            yield
+            yield True
         finally:
             self._held.depth = depth
             with self._condition:
                 self._writing = False
-                if depth:
-                    # Back in ahead of waiting writers: this thread's forward is under way and will end.
-                    self._readers += 1
+                self._readers += 1 if depth else 0
                 self._condition.notify_all()
 
 

@@ -15,8 +15,11 @@ The CUDA EP counts the ordinary runs it wants before a capture per session, not 
 microsoft/onnxruntime:onnxruntime/core/providers/cuda/cuda_execution_provider.h): once a session has
 run, each new id is captured on its first run. A shape needing more arena memory than any before
 then allocates inside the capture, which CUDA refuses (error 901, seen on the 4B member's
-6,942-token case). So a graph's first run is preceded by ``WARMUP_RUNS`` runs outside any graph at
-its shapes, which leave that memory in the arena.
+6,942-token case). So a capture is preceded at once by ``WARMUP_RUNS`` runs outside any graph at its
+shapes, which leave that memory in the arena. And it happens only where no other thread of the process
+runs on the device (``capture_lock``): a graph first used while another forward runs answers from one run
+outside any graph, and tries again on its next run, rather than stalling every other forward of the
+server until it can capture.
 
 On the CPU EP the same fixed-buffer runs happen with nothing to capture, which is how tests check
 the padding and the buffer handling without a GPU.
@@ -24,6 +27,8 @@ the padding and the buffer handling without a GPU.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -62,6 +67,30 @@ def bucket(width: int) -> int:
 
 
 @dataclass
+class CaptureCounts:
+    """The process's graphs captured, the seconds their capturing runs took (the warm-up runs and the capture), and the
+    runs of graphs not yet captured that found another forward on the device and ran outside any graph (/metrics)."""
+
+    captured: int = 0
+    capture_seconds: float = 0.0
+    deferred_runs: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, captured: int = 0, seconds: float = 0.0, deferred_runs: int = 0) -> None:
+        with self._lock:
+            self.captured += captured
+            self.capture_seconds += seconds
+            self.deferred_runs += deferred_runs
+
+    def totals(self) -> tuple[int, float, int]:
+        with self._lock:
+            return self.captured, self.capture_seconds, self.deferred_runs
+
+
+CAPTURES = CaptureCounts()
+
+
+@dataclass
 class Graph:
     """One captured shape of a session: its buffers, its binding and the run options naming it."""
 
@@ -71,20 +100,33 @@ class Graph:
     binding: onnxruntime.IOBinding
     options: onnxruntime.RunOptions
     runs: int = 0  # how many times its outputs were overwritten
+    captured: bool = False
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> None:
-        """Copy ``feeds`` into their buffers (the other inputs were written in place) and replay
-        (on the first run: warm up, capture, replay)."""
+        """Copy ``feeds`` into their buffers (the other inputs were written in place) and replay; until the
+        graph is captured, run outside any graph, capturing only where the device has no other run now."""
         for name, value in feeds.items():
             self.inputs[name].update_inplace(np.ascontiguousarray(value))
-        if self.runs == 0:
-            for _ in range(WARMUP_RUNS):
-                self.session.run_with_iobinding(self.binding, run_options(UNCAPTURED))
-            with CAPTURE_LOCK.exclusive():  # no other thread's CUDA call may fall inside the capture
-                self.session.run_with_iobinding(self.binding, self.options)
-        else:
+        if self.captured:
             self.session.run_with_iobinding(self.binding, self.options)
+        else:
+            self._capture_or_run()
         self.runs += 1
+
+    def _capture_or_run(self) -> None:
+        """The warm-up runs and the capture where no other thread runs on the device, else one run outside any graph
+        (its outputs are this run's answer): a capture waits for nothing (``capture_lock``)."""
+        started = time.perf_counter()
+        for _ in range(WARMUP_RUNS):
+            self.session.run_with_iobinding(self.binding, run_options(UNCAPTURED))
+            if CAPTURE_LOCK.busy_elsewhere():
+                CAPTURES.add(deferred_runs=1)
+                return
+        with CAPTURE_LOCK.exclusive_if_alone() as alone:  # no other thread's CUDA call may fall inside the capture
+            if alone:
+                self.session.run_with_iobinding(self.binding, self.options)  # captures, then replays
+                self.captured = True
+        CAPTURES.add(**({"captured": 1, "seconds": time.perf_counter() - started} if alone else {"deferred_runs": 1}))
 
 
 @dataclass

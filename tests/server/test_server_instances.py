@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from serving import S1OMNI
 
 from tests.cli import s1omni
@@ -68,3 +69,6 @@ def test_two_instances_of_a_cuda_graph_engine_capture_while_the_other_runs(start
         answered = list(pool.map(server.post, 3 * bodies))
     assert [response.status_code for response in answered] == [200] * len(answered), {r.text for r in answered if r.status_code != 200}
     assert "stream is capturing" not in server.log()
+    counters = {family.name: family.samples[0].value for family in text_string_to_metric_families(server.metrics())
+                if family.name.startswith("s1omni_cuda_graph_")}  # fmt: skip
+    assert counters["s1omni_cuda_graph_captures"] > 0 and counters["s1omni_cuda_graph_capture_seconds"] > 0, counters

@@ -24,6 +24,9 @@ SERIES = {
     "s1omni_head_pool_tasks_total": "counter",
     "s1omni_head_pool_wait_seconds_total": "counter",
     "s1omni_head_pool_run_seconds_total": "counter",
+    "s1omni_cuda_graph_captures_total": "counter",
+    "s1omni_cuda_graph_capture_seconds_total": "counter",
+    "s1omni_cuda_graph_deferred_runs_total": "counter",
 }
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Device chain (issue 17), written on 2026-12-07, not yet run: a later session that day found no machine in 12
-# starts (results: h in 0.8B-http-batching/, s in 0.8B-http-switch-interval/, r in 0.8B-http-ray-replicas2/, k in
-# 4B-http-batching/, x in 0.8B-http-exact/).
+# Device chain (issue 17), run on 2026-12-07 on an NVIDIA H100 80GB HBM3: `ARMS=rhs` (chain.txt), then on the same
+# warm machine `ARMS=x` (chain-x.txt, reusing the build). Results: h in 0.8B-http-batching/, s in
+# 0.8B-http-switch-interval/, r in 0.8B-http-ray-replicas2/, x in 0.8B-http-exact/; k (the 4B) was not run. After it,
+# on the same machine, the in-process merged forwards of 0.8B-merged/ (its chain-bench.log names the command).
 # h100-server-cpu's 0.8B over HTTP answered 37.6 req/s at 16 clients with the server's CPU a request flat across
 # the load (70 -> 93 -> 82 ms) while its heads stage went 1.5 -> 63 -> 213 ms: waiting, not work, and the cores
 # mostly idle (3 of 16). The host path holds the GIL about 16.5 ms a router request (cpu-host-path/gil, 2 cores),
@@ -60,7 +61,7 @@ if passed $R/h/validate-0.8B-$(name $NEW08).json; then
     fi
   fi
   arm h && http 0.8B $NEW08 h batching --instances=2
-  arm s && PYTHONPATH=$PWD/benchmarks/host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching --instances=2 1
+  arm s && PYTHONPATH=$PWD/benchmarks/h100-host-gil/switch-interval${PYTHONPATH:+:$PYTHONPATH} http 0.8B $NEW08 s batching --instances=2 1
 fi
 if arm k; then
   wait $build4

@@ -1,4 +1,4 @@
-"""An arm of benchmarks/host-gil/chain.sh, not part of the package: with this folder first on PYTHONPATH, every
+"""An arm of benchmarks/h100-host-gil/chain.sh, not part of the package: with this folder first on PYTHONPATH, every
 Python process of the run (the bench, the servers it starts) lets a thread waiting for the GIL take it after
 0.5 ms instead of Python's 5 (``sys.setswitchinterval``). A head thread that gives the GIL up for each numpy or
 torch call waits to take it back while a pure-Python thread holds it; at 16 clients the heads stage took 213 ms
