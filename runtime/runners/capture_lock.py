@@ -12,10 +12,11 @@ So every device run holds ``CAPTURE_LOCK.shared()`` (any number of threads at on
 holds ``CAPTURE_LOCK.exclusive_if_alone()`` (no other thread inside ``shared``), which a thread gets only
 where nothing else runs on the device at that moment, and is otherwise refused at once: a graph that finds
 the device busy runs outside any graph and tries again on a later run (``cuda_graphs.Graph``). A capture
-that waited for every other forward to end stalled the server instead: on an H100 with two instances, each
-merged size's first forward on each instance took 1.0-4.7 s, 26 s of forward time in a 15 s window
-(benchmarks/h100-host-gil, 0.8B-http-batching). A thread may capture inside its own shared hold, which it
-steps out of for the capture. Holds are per thread and re-entrant.
+that waited for every other forward to end (and kept new ones out meanwhile) stalled the server instead: on an
+H100 with two instances under ``batching``, the first forwards of each merged size took 1.0-4.7 s, 14 of them
+25.7 s, against timed windows of 4.6 and 10.3 s at 8 and 16 clients (benchmarks/h100-host-gil,
+0.8B-http-batching). A thread may capture inside its own shared hold, which it steps out of for the capture.
+Holds are per thread and re-entrant.
 """
 
 from __future__ import annotations
