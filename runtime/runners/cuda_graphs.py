@@ -126,7 +126,10 @@ class Graph:
             if alone:
                 self.session.run_with_iobinding(self.binding, self.options)  # captures, then replays
                 self.captured = True
-        CAPTURES.add(**({"captured": 1, "seconds": time.perf_counter() - started} if alone else {"deferred_runs": 1}))
+        if alone:
+            CAPTURES.add(captured=1, seconds=time.perf_counter() - started)
+        else:
+            CAPTURES.add(deferred_runs=1)
 
 
 @dataclass
