@@ -162,7 +162,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=False,
         help="onnxruntime/cuda, vision members (OmniJev) only, opt-in (validated on the H200): replay the vision tower "
         "as a CUDA graph per patch count, which images of one size share (the first image of each runs it three times "
-        "to capture it, once where another forward runs on the GPU and captures later; at most s1omni.runtime.runners.cuda_graphs.MAX_GRAPHS of them, the others run eagerly)",
+        "to capture it, or once, capturing on a later image, where another forward runs on the GPU; at most s1omni.runtime.runners.cuda_graphs.MAX_GRAPHS of them, the others run eagerly)",
     )
     add_json(parser)
     add_quiet(parser)

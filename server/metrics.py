@@ -44,7 +44,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from s1omni.runtime.cpu_heads import HEADS_POOLS
-from s1omni.runtime.runners.cuda_graphs import CAPTURES
+from s1omni.runtime.runners.capture_lock import CAPTURES
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
 PLAN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -101,7 +101,7 @@ class HeadPools(Collector):
 class CudaGraphs(Collector):
     """``s1omni_cuda_graph_{captures,capture_seconds,deferred_runs}_total``: the CUDA graphs the process captured, the
     seconds their capturing runs took, and the runs of graphs not yet captured that found another forward on the
-    device, so ran outside any graph rather than wait for it (``cuda_graphs.CAPTURES``)."""
+    device, so ran outside any graph rather than wait for it (``capture_lock.CAPTURES``)."""
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         captured, seconds, deferred = CAPTURES.totals()

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from s1omni.runtime.runners.base import Block, Prefix, Tree
-from s1omni.runtime.runners.capture_lock import CAPTURE_LOCK, CaptureLock
-from s1omni.runtime.runners.cuda_graphs import CAPTURES, GRAPH_ID, Graph
+from s1omni.runtime.runners.capture_lock import CAPTURE_LOCK, CAPTURES, CaptureLock
+from s1omni.runtime.runners.cuda_graphs import GRAPH_ID, Graph
 from s1omni.runtime.runners.onnxruntime_runner import OnnxRuntimeRunner
 
 SETTLE_S = 0.2  # how long a thread that should be blocked is given to (wrongly) get through
@@ -143,7 +143,7 @@ def _graphs(runner: OnnxRuntimeRunner) -> list[Graph]:
 
 
 def _counted_since(before: tuple[int, float, int]) -> tuple[int, int]:
-    """Graphs captured and runs deferred (``cuda_graphs.CAPTURES``) since ``before``."""
+    """Graphs captured and runs deferred (``capture_lock.CAPTURES``) since ``before``."""
     captured, _, deferred = CAPTURES.totals()
     return captured - before[0], deferred - before[2]
 

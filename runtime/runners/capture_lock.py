@@ -16,7 +16,8 @@ that waited for every other forward to end (and kept new ones out meanwhile) sta
 H100 with two instances under ``batching``, the first forwards of each merged size took 1.0-4.7 s, 14 of them
 25.7 s, against timed windows of 4.6 and 10.3 s at 8 and 16 clients (benchmarks/h100-host-gil,
 0.8B-http-batching). A thread may capture inside its own shared hold, which it steps out of for the capture.
-Holds are per thread and re-entrant.
+Holds are per thread and re-entrant. ``CAPTURES`` counts the captures and the deferred runs for ``/metrics`` (here, not
+beside the graphs, so that the server reads them without importing ONNX Runtime).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import functools
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
 P = ParamSpec("P")
@@ -94,6 +96,30 @@ class CaptureLock:
 
 
 CAPTURE_LOCK = CaptureLock()
+
+
+@dataclass
+class CaptureCounts:
+    """The process's graphs captured, the seconds their capturing runs took (the warm-up runs and the capture), and the
+    runs of graphs not yet captured that found another forward on the device and ran outside any graph (/metrics)."""
+
+    captured: int = 0
+    capture_seconds: float = 0.0
+    deferred_runs: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, captured: int = 0, seconds: float = 0.0, deferred_runs: int = 0) -> None:
+        with self._lock:
+            self.captured += captured
+            self.capture_seconds += seconds
+            self.deferred_runs += deferred_runs
+
+    def totals(self) -> tuple[int, float, int]:
+        with self._lock:
+            return self.captured, self.capture_seconds, self.deferred_runs
+
+
+CAPTURES = CaptureCounts()
 
 
 def device_run(method: Callable[P, R]) -> Callable[P, R]:

@@ -27,7 +27,6 @@ the padding and the buffer handling without a GPU.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime
 
-from .capture_lock import CAPTURE_LOCK
+from .capture_lock import CAPTURE_LOCK, CAPTURES
 
 GRAPH_ID = "gpu_graph_id"
 UNCAPTURED = -1
@@ -64,30 +63,6 @@ def bucket(width: int) -> int:
     """``width`` rounded up to one of 1..16, 18, 20, ..32, 36, 40, ..64, 72, ...: steps of 1/8 of an octave."""
     step = 1 << max((width - 1).bit_length() - 1 - OCTAVE_SHIFT, 0)
     return -(-max(width, 1) // step) * step
-
-
-@dataclass
-class CaptureCounts:
-    """The process's graphs captured, the seconds their capturing runs took (the warm-up runs and the capture), and the
-    runs of graphs not yet captured that found another forward on the device and ran outside any graph (/metrics)."""
-
-    captured: int = 0
-    capture_seconds: float = 0.0
-    deferred_runs: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, captured: int = 0, seconds: float = 0.0, deferred_runs: int = 0) -> None:
-        with self._lock:
-            self.captured += captured
-            self.capture_seconds += seconds
-            self.deferred_runs += deferred_runs
-
-    def totals(self) -> tuple[int, float, int]:
-        with self._lock:
-            return self.captured, self.capture_seconds, self.deferred_runs
-
-
-CAPTURES = CaptureCounts()
 
 
 @dataclass
