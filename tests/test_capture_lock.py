@@ -6,6 +6,8 @@ path, and takes the same locks). The failure it prevents, two instances of a ser
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -125,6 +127,49 @@ def test_two_runs_that_each_want_a_capture_are_both_refused_and_both_finish(lock
     assert seen == [False, False]
 
 
+def test_a_thread_that_deferred_a_capture_holds_its_next_forward_alone(lock: CaptureLock) -> None:
+    other = Holder(lock.forward).start()  # another instance's forward
+    assert other.entered.wait(DONE_S)
+    late = Holder(lock.forward)  # a forward that arrives while the thread waits for the device
+    deferred, inside = threading.Event(), threading.Event()
+    seen: list[object] = []
+
+    def worker() -> None:  # one instance's worker thread: a forward that defers its capture, then the next one
+        with lock.forward():
+            with lock.exclusive_if_alone() as alone:
+                seen.append(alone)
+            lock.want_alone()
+        deferred.set()
+        with lock.forward():
+            inside.set()
+            seen.append((lock.busy_elsewhere(), late.entered.is_set()))
+            with lock.exclusive_if_alone() as alone:  # it captures what it meets
+                seen.append(alone)
+            with lock.shared():  # nested runs are inside its hold
+                pass
+        with lock.forward():  # the wish was spent: its forwards share again
+            seen.append(lock._owns())
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    assert deferred.wait(DONE_S) and not inside.wait(SETTLE_S)  # it waits for the other forward to end
+    late.start()
+    assert not late.entered.wait(SETTLE_S)  # a forward arriving meanwhile waits behind it
+    other.release()
+    thread.join(DONE_S)
+    assert seen == [False, (False, False), True, False]
+    assert late.entered.wait(DONE_S)  # and gets in after it
+    late.release()
+
+
+def test_exclusive_from_inside_a_hold_is_refused(lock: CaptureLock) -> None:
+    with lock.shared():
+        with pytest.raises(RuntimeError, match="wait for itself"):
+            with lock.exclusive():
+                pass
+    capturing(lock).release()  # nothing was left held
+
+
 def _tree(prefix: int, block: int) -> Tree:
     rng = np.random.default_rng(prefix * 1000 + block)
     return Tree(Prefix(rng.integers(1, 2048, prefix)), (Block(rng.integers(1, 2048, block), np.arange(block)),))
@@ -160,7 +205,7 @@ def _counting_runs(runner: OnnxRuntimeRunner) -> list[str]:
     return runs
 
 
-def test_the_runner_captures_only_alone_and_never_waits_to(cuda_engine: Callable[..., tuple[Path, str]]) -> None:
+def test_the_runner_captures_alone_and_defers_to_its_next_forward(cuda_engine: Callable[..., tuple[Path, str]]) -> None:
     engine = cuda_engine("--gated-delta-kernel", "LinearAttention", "--cuda-graphs")[0]
     runner = OnnxRuntimeRunner(engine, device="cpu", cuda_graphs=True)
     counted = CAPTURES.totals()
@@ -175,21 +220,36 @@ def test_the_runner_captures_only_alone_and_never_waits_to(cuda_engine: Callable
     capture.release()
     assert replay.wait(DONE_S)
 
-    running = Holder(CAPTURE_LOCK.shared).start()  # a run elsewhere: a new shape runs once, outside any graph
+    worker = ThreadPoolExecutor(1)  # an instance's worker thread, as the server has one per instance
+    running = Holder(CAPTURE_LOCK.shared).start()  # another instance's forward
     assert running.entered.wait(DONE_S)
-    assert _running(runner, _tree(23, 9))[0].wait(DONE_S)
+    assert worker.submit(runner.run, [_tree(23, 9)]).result(DONE_S)  # captured shapes replay beside it
     session_runs, counted = _counting_runs(runner), CAPTURES.totals()
-    new_shape, busy_answer = _running(runner, _tree(70, 33))
-    assert new_shape.wait(DONE_S)
+    busy_answer = worker.submit(runner.run, [_tree(70, 33)]).result(DONE_S)  # a new shape: one run, outside any graph
     fresh = [graph for graph in _graphs(runner) if graph not in first]
     assert fresh and not any(graph.captured for graph in fresh) and all(graph.runs == 1 for graph in fresh)
     assert len(session_runs) == len(fresh)  # no warm-up run beyond the one that answered
     assert _counted_since(counted) == (0, len(fresh))  # /metrics' deferred runs
-    running.release()
 
     counted = CAPTURES.totals()
-    alone_answer = runner.run([_tree(70, 33)])  # alone again: captured on this run, with the same answer
+    alone = worker.submit(runner.run, [_tree(70, 33)])  # the worker's next forward waits for the device alone
+    assert not alone.done() and not _wait(alone, SETTLE_S)
+    late = Holder(CAPTURE_LOCK.shared).start()  # and a forward arriving meanwhile waits behind it
+    assert not late.entered.wait(SETTLE_S)
+    running.release()
+    alone_answer = alone.result(DONE_S)  # captured on this run, with the same answer
     assert all(graph.captured for graph in fresh)
     assert _counted_since(counted) == (len(fresh), 0)
     assert CAPTURES.totals()[1] > counted[1]  # and their seconds
-    np.testing.assert_array_equal(busy_answer[0][0][0], alone_answer[0][0])
+    np.testing.assert_array_equal(busy_answer[0][0], alone_answer[0][0])
+    assert late.entered.wait(DONE_S)
+    late.release()
+    worker.shutdown()
+
+
+def _wait(future: Future, seconds: float) -> bool:
+    try:
+        future.result(seconds)
+    except FuturesTimeout:
+        return False
+    return True

@@ -18,8 +18,7 @@ then allocates inside the capture, which CUDA refuses (error 901, seen on the 4B
 6,942-token case). So a capture is preceded at once by ``WARMUP_RUNS`` runs outside any graph at its
 shapes, which leave that memory in the arena. And it happens only where no other thread of the process
 runs on the device (``capture_lock``): a graph first used while another forward runs answers from one run
-outside any graph, and tries again on its next run, rather than stalling every other forward of the
-server until it can capture.
+outside any graph, and the thread's next forward holds the device alone, capturing what it meets.
 
 On the CPU EP the same fixed-buffer runs happen with nothing to capture, which is how tests check
 the padding and the buffer handling without a GPU.
@@ -90,11 +89,12 @@ class Graph:
 
     def _capture_or_run(self) -> None:
         """The warm-up runs and the capture where no other thread runs on the device, else one run outside any graph
-        (its outputs are this run's answer): a capture waits for nothing (``capture_lock``)."""
+        (its outputs are this run's answer), the thread's next forward then holding the device alone (``capture_lock``)."""
         started = time.perf_counter()
         for _ in range(WARMUP_RUNS):
             self.session.run_with_iobinding(self.binding, run_options(UNCAPTURED))
             if CAPTURE_LOCK.busy_elsewhere():
+                CAPTURE_LOCK.want_alone()
                 CAPTURES.add(deferred_runs=1)
                 return
         with CAPTURE_LOCK.exclusive_if_alone() as alone:  # no other thread's CUDA call may fall inside the capture
@@ -104,6 +104,7 @@ class Graph:
         if alone:
             CAPTURES.add(captured=1, seconds=time.perf_counter() - started)
         else:
+            CAPTURE_LOCK.want_alone()
             CAPTURES.add(deferred_runs=1)
 
 

@@ -32,6 +32,9 @@ block. With ``cuda_graphs`` the packed calls are CUDA graphs too: their sizes (r
 widths, block and readout counts) round up to buckets (``pack_blocks``), padded prefix rows repeat the
 first row's state, and the rows' state is gathered straight into the graph's buffers, as for continue.
 
+On CUDA the sessions take the graphs' weights from one copy of them on the device for the whole process
+(``s1omni.runtime.runners.device_weights``): the prefill, continue and packed graphs of every instance read it.
+
 Float32 inputs, outputs and state throughout. On CUDA the engine's manifest says how its matmuls
 run: float32 (``fp32``), on TF32 tensor cores (``tf32``), or with the weight GEMMs in bfloat16
 (``bf16``, rewritten at build time by ``s1omni.export.bf16_gemms``); every CUDA engine is held to the GPU gate.
@@ -53,6 +56,7 @@ from .capture_lock import device_run
 from . import cuda_graphs
 from .cuda_graphs import UNCAPTURED, Graph, GraphedSession, bucket, capture_options, run_options
 from .packing import pack_blocks
+from .device_weights import device_weights
 
 # The opset and IR version of the small graphs the runtime writes itself (the row gather here, OmniJev's
 # option log-probabilities): onnx writes its newest IR version by default; ONNX Runtime reads up to its own.
@@ -192,10 +196,13 @@ class OnnxRuntimeRunner:
         precision: str = "fp32",
         provider_options: Mapping[str, object] | None = None,
         cuda_graphs: bool = False,
+        share_weights: bool | None = None,
     ):
         """``embedding`` ``[vocabulary, hidden]``: the table a prefill graph taking ``inputs_embeds`` needs;
         ``precision``, ``provider_options`` and ``cuda_graphs``: the engine manifest's (``s1omni.export.build``).
-        ``cuda_graphs`` on the CPU runs the same bucketed fixed-buffer path with nothing to capture."""
+        ``cuda_graphs`` on the CPU runs the same bucketed fixed-buffer path with nothing to capture.
+        ``share_weights`` (default: on CUDA): the graphs' external weights come from the process's one copy
+        of them on the device (``device_weights``), shared with every other runner of the engine."""
         engine_dir = Path(engine_dir)
         self.device, self._device_id = device_of(device)
         self.precision = precision
@@ -203,9 +210,11 @@ class OnnxRuntimeRunner:
         # process can time groupings side by side (benchmarks/h100-call-groups/ab.py).
         self.call_cost_tokens = DEFAULT_CALL_COST_TOKENS
         backbone = providers(self.device, self._device_id, {**(provider_options or {}), **capture_options(cuda_graphs, self.device)})
-        options = session_options(self.device, engine_dir)
-        self._prefill = onnxruntime.InferenceSession(str(engine_dir / "prefill.onnx"), options, providers=backbone)
-        self._continue = onnxruntime.InferenceSession(str(engine_dir / "continue.onnx"), options, providers=backbone)
+        share = self.device == "cuda" if share_weights is None else share_weights
+        self.weights = device_weights(engine_dir, self.device, self._device_id) if share else None
+        self._engine_dir, self._backbone = engine_dir, backbone
+        self._prefill = self._session("prefill.onnx")
+        self._continue = self._session("continue.onnx")
         self._graphs = (
             (GraphedSession(self._prefill, self.device, self._device_id), GraphedSession(self._continue, self.device, self._device_id))
             if cuda_graphs
@@ -230,9 +239,14 @@ class OnnxRuntimeRunner:
         # (``_gather_rows``): a plain run launches one Gather per state tensor through ONNX Runtime's executor.
         self._rows = onnxruntime.InferenceSession(row_gather_graph(self._names), providers=backbone)
         self._row_graphs: dict[tuple[int, int], Graph] = {}
-        self._engine_dir, self._backbone, self._options = engine_dir, backbone, options
         self._packed: onnxruntime.InferenceSession | None = None
         self._packed_graphs: GraphedSession | None = None
+
+    def _session(self, graph: str) -> onnxruntime.InferenceSession:
+        options = session_options(self.device, self._engine_dir)
+        if self.weights is not None:
+            self.weights.add_to(options, self._engine_dir / graph)
+        return onnxruntime.InferenceSession(str(self._engine_dir / graph), options, providers=self._backbone)
 
     @property
     def can_pack(self) -> bool:
@@ -240,12 +254,12 @@ class OnnxRuntimeRunner:
         return (self._engine_dir / "packed.onnx").is_file()
 
     def open_packed(self) -> None:
-        """Load the packed graph (a third session, with its own copy of the weights on the device: only
-        servers that enable ``shared_context`` pay for it)."""
+        """Load the packed graph (a third session: only servers that enable ``shared_context`` or ``batching``
+        pay for it, with its own copy of the weights where they are not shared)."""
         if self._packed is None:
             if not self.can_pack:
                 raise ValueError(f"{self._engine_dir} has no packed.onnx: export and build the engine again for shared_context")
-            self._packed = onnxruntime.InferenceSession(str(self._engine_dir / "packed.onnx"), self._options, providers=self._backbone)
+            self._packed = self._session("packed.onnx")
             if self._graphs:
                 self._packed_graphs = GraphedSession(self._packed, self.device, self._device_id)
 
