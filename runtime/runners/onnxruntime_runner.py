@@ -55,8 +55,8 @@ from .base import Block, BlockReady, Prefix, Tree, pad_blocks, text_positions
 from .capture_lock import device_run
 from . import cuda_graphs
 from .cuda_graphs import UNCAPTURED, Graph, GraphedSession, bucket, capture_options, run_options
-from .packing import pack_blocks
 from .device_weights import device_weights
+from .packing import pack_blocks
 
 # The opset and IR version of the small graphs the runtime writes itself (the row gather here, OmniJev's
 # option log-probabilities): onnx writes its newest IR version by default; ONNX Runtime reads up to its own.
