@@ -2,14 +2,16 @@
 
 That the workers' forwards run at the same time is the scheduler's to show
 (``test_server_scheduler``); here, that the option reaches the server and that requests sent together,
-whichever copy answers them, answer byte for byte as each sent alone; and, on the GPU, that two
-instances of a CUDA-graph engine capture new shapes while the other runs without failing a request
-(``s1omni.runtime.runners.capture_lock``).
+whichever copy answers them, answer byte for byte as each sent alone; and that two instances of a CUDA-graph
+engine capture new shapes while the other runs without failing a request (``s1omni.runtime.runners.capture_lock``):
+on the GPU, and through the same locks on the CPU.
 """
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from serving import S1OMNI
 
 from tests.cli import s1omni
-from tests.cuda_builds import needs_cuda
+from tests.cuda_builds import needs_cuda, validate_on_the_cpu
 
 REQUESTS = [
     {"state": text, "questions": {
@@ -50,6 +52,26 @@ def test_two_instances_load_and_answer_together_as_alone(start, tiny_vela: Path)
 def test_instances_must_be_at_least_one(tiny_vela: Path, count: str) -> None:
     done = subprocess.run([str(S1OMNI), "serve", str(tiny_vela), "--instances", count], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and f"--instances takes a count >= 1, not {count}" in done.stderr
+
+
+def test_two_instances_of_a_graphed_engine_serve_merged_batches_on_the_cpu(start, cuda_engine: Callable[..., tuple[Path, str]], tiny_vela: Path, tmp_path: Path) -> None:
+    """The capture lock's path under ``batching`` without a GPU: a CUDA-graph build run on the CPU EP takes the same
+    locks (a forward that meets a graph while the other instance runs defers it, and its next forward waits for the
+    device alone), so two instances answering 16 clients at once must neither deadlock nor fail a request."""
+    engine = tmp_path / "engine"
+    shutil.copytree(cuda_engine("--gated-delta-kernel", "LinearAttention", "--cuda-graphs")[0], engine)
+    validate_on_the_cpu(engine, tiny_vela, tmp_path / "report.json")
+    server = start("--engine", str(engine), "--instances", "2", "--profiles", "batching")
+    server.wait_status("ready")
+    bodies = [{**request, "state": request["state"] * repeat, "options": {"profile": "batching"}}
+              for repeat in range(1, 3) for request in REQUESTS]  # fmt: skip
+    with ThreadPoolExecutor(16) as pool:
+        answered = list(pool.map(server.post, 2 * bodies))
+    assert [response.status_code for response in answered] == [200] * len(answered), {r.text for r in answered if r.status_code != 200}
+    counters = {family.name: family.samples[0].value for family in text_string_to_metric_families(server.metrics())
+                if family.name.startswith("s1omni_cuda_graph_")}  # fmt: skip
+    # Both paths ran: graphs captured, and runs deferred while the other instance ran (each followed by a forward alone).
+    assert counters["s1omni_cuda_graph_captures"] > 0 and counters["s1omni_cuda_graph_deferred_runs"] > 0, counters
 
 
 @pytest.mark.gpu
