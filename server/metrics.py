@@ -101,7 +101,8 @@ class HeadPools(Collector):
 class CudaGraphs(Collector):
     """``s1omni_cuda_graph_{captures,capture_seconds,deferred_runs}_total``: the CUDA graphs the process captured, the
     seconds their capturing runs took, and the runs of graphs not yet captured that found another forward on the
-    device, so ran outside any graph rather than wait for it (``capture_lock.CAPTURES``)."""
+    device, so ran outside any graph, their worker's next forward then waiting for the device alone
+    (``capture_lock.CAPTURES``)."""
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         captured, seconds, deferred = CAPTURES.totals()

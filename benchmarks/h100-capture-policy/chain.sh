@@ -16,7 +16,8 @@
 #     0.8B validates (done before anything is timed), validated, served as h without the reference server (it answers
 #     about 1.5 router requests a second, h200-4B-http: 20 a client at 1, 8 and 16 clients would take 5.5 minutes)
 # Run with scripts/device.sh: start CHAIN (carry .device/p1), stage 2..7 (the last with .device/ort-include copied
-# to /tmp/ort-include), poll "chain done".
+# to /tmp/ort-include), poll "chain done". $GPU_TESTS, if set, names other test files for t (benchmarks/forward-alone
+# runs this chain again that way).
 set -u
 source scripts/device-chain.sh
 export S1OMNI_ORT_INCLUDE=/tmp/ort-include
@@ -32,7 +33,7 @@ wait $synth4; log "rc-k-synth $?"
 while [ ! -f $S1OMNI_ORT_INCLUDE/onnxruntime_c_api.h ]; do sleep 1; done
 (env KERNELS=$K PRECISIONS=$NEW4 bash scripts/h200.sh 4B $R/k export,build > $R/k/chain-export.log 2>&1
  log "rc-k-export-build $?") & build4=$!
-GPU_TESTS="tests/server/test_server_instances.py tests/test_cuda_graphs.py tests/test_capture_lock.py" \
+GPU_TESTS=${GPU_TESTS:-"tests/server/test_server_instances.py tests/test_cuda_graphs.py tests/test_capture_lock.py"} \
   bash scripts/h200.sh 0.8B $R/t gpu-tests > $R/t/chain-gpu-tests.log 2>&1
 log "rc-t-gpu-tests $?"; pack t
 env KERNELS=$K PRECISIONS=$NEW08 bash scripts/h200.sh 0.8B $R/h export,build,validate > $R/h/chain-validate.log 2>&1

@@ -93,15 +93,14 @@ class Graph:
         started = time.perf_counter()
         for _ in range(WARMUP_RUNS):
             self.session.run_with_iobinding(self.binding, run_options(UNCAPTURED))
-            if CAPTURE_LOCK.busy_elsewhere():
-                CAPTURE_LOCK.want_alone()
-                CAPTURES.add(deferred_runs=1)
-                return
-        with CAPTURE_LOCK.exclusive_if_alone() as alone:  # no other thread's CUDA call may fall inside the capture
-            if alone:
-                self.session.run_with_iobinding(self.binding, self.options)  # captures, then replays
-                self.captured = True
-        if alone:
+            if CAPTURE_LOCK.busy_elsewhere():  # this run is the answer
+                break
+        else:
+            with CAPTURE_LOCK.exclusive_if_alone() as alone:  # no other thread's CUDA call may fall inside the capture
+                if alone:
+                    self.session.run_with_iobinding(self.binding, self.options)  # captures, then replays
+                    self.captured = True
+        if self.captured:
             CAPTURES.add(captured=1, seconds=time.perf_counter() - started)
         else:
             CAPTURE_LOCK.want_alone()

@@ -54,6 +54,19 @@ def test_instances_must_be_at_least_one(tiny_vela: Path, count: str) -> None:
     assert done.returncode == 2 and f"--instances takes a count >= 1, not {count}" in done.stderr
 
 
+def _merged_batches_from_16_clients(server, repeats: int, rounds: int) -> dict[str, float]:
+    """``rounds`` x each of ``REQUESTS`` with its state 1 to ``repeats`` times over (``batching``), from 16 clients at
+    once to a ready ``server``: every answer 200 (asserted); the server's ``s1omni_cuda_graph_*`` counters after."""
+    server.wait_status("ready")
+    bodies = [{**request, "state": request["state"] * repeat, "options": {"profile": "batching"}}
+              for repeat in range(1, repeats + 1) for request in REQUESTS]  # fmt: skip
+    with ThreadPoolExecutor(16) as pool:
+        answered = list(pool.map(server.post, rounds * bodies))
+    assert [response.status_code for response in answered] == [200] * len(answered), {r.text for r in answered if r.status_code != 200}
+    return {family.name: family.samples[0].value for family in text_string_to_metric_families(server.metrics())
+            if family.name.startswith("s1omni_cuda_graph_")}  # fmt: skip
+
+
 def test_two_instances_of_a_graphed_engine_serve_merged_batches_on_the_cpu(start, cuda_engine: Callable[..., tuple[Path, str]], tiny_vela: Path, tmp_path: Path) -> None:
     """The capture lock's path under ``batching`` without a GPU: a CUDA-graph build run on the CPU EP takes the same
     locks (a forward that meets a graph while the other instance runs defers it, and its next forward waits for the
@@ -62,14 +75,7 @@ def test_two_instances_of_a_graphed_engine_serve_merged_batches_on_the_cpu(start
     shutil.copytree(cuda_engine("--gated-delta-kernel", "LinearAttention", "--cuda-graphs")[0], engine)
     validate_on_the_cpu(engine, tiny_vela, tmp_path / "report.json")
     server = start("--engine", str(engine), "--instances", "2", "--profiles", "batching")
-    server.wait_status("ready")
-    bodies = [{**request, "state": request["state"] * repeat, "options": {"profile": "batching"}}
-              for repeat in range(1, 3) for request in REQUESTS]  # fmt: skip
-    with ThreadPoolExecutor(16) as pool:
-        answered = list(pool.map(server.post, 2 * bodies))
-    assert [response.status_code for response in answered] == [200] * len(answered), {r.text for r in answered if r.status_code != 200}
-    counters = {family.name: family.samples[0].value for family in text_string_to_metric_families(server.metrics())
-                if family.name.startswith("s1omni_cuda_graph_")}  # fmt: skip
+    counters = _merged_batches_from_16_clients(server, repeats=2, rounds=2)
     # Both paths ran: graphs captured, and runs deferred while the other instance ran (each followed by a forward alone).
     assert counters["s1omni_cuda_graph_captures"] > 0 and counters["s1omni_cuda_graph_deferred_runs"] > 0, counters
 
@@ -84,13 +90,6 @@ def test_two_instances_of_a_cuda_graph_engine_capture_while_the_other_runs(start
     s1omni("build", str(exported), "--backend", "onnxruntime", "--target", "cuda", "--precision", "fp32", "--cuda-graphs", "--out", str(engine))
     s1omni("validate", str(engine), "--package", str(tiny_vela), "--reference", str(tmp_path / "reference"))
     server = start("--engine", str(engine), "--device", "cuda", "--instances", "2", "--profiles", "batching")
-    server.wait_status("ready")
-    bodies = [{**request, "state": request["state"] * repeat, "options": {"profile": "batching"}}
-              for repeat in range(1, 9) for request in REQUESTS]  # fmt: skip
-    with ThreadPoolExecutor(16) as pool:
-        answered = list(pool.map(server.post, 3 * bodies))
-    assert [response.status_code for response in answered] == [200] * len(answered), {r.text for r in answered if r.status_code != 200}
+    counters = _merged_batches_from_16_clients(server, repeats=8, rounds=3)
     assert "stream is capturing" not in server.log()
-    counters = {family.name: family.samples[0].value for family in text_string_to_metric_families(server.metrics())
-                if family.name.startswith("s1omni_cuda_graph_")}  # fmt: skip
     assert counters["s1omni_cuda_graph_captures"] > 0 and counters["s1omni_cuda_graph_capture_seconds"] > 0, counters
