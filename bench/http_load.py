@@ -9,6 +9,11 @@ first sends ``warmup`` requests of its own, untimed, and the timed window opens 
 client has, so that no sample is taken while some clients are still warming up; it closes once
 every client has had ``requests`` answers in it, the clients done first sending on meanwhile, so
 that the load stays at its concurrency to the end.
+On a CUDA-graph engine, two warm-ups a client do not reach every merged size (``h100-forward-alone``: the
+16-client level's window opened with graphs still to capture, 27.8 req/s over it, 37.6 after the last capture).
+So before each level, where the server has captured any graph, the level's clients send untimed rounds of
+``warmup`` requests each (``settle``) until a round captures nothing new, at most ``settle_rounds`` of them; the
+record keeps the rounds, the graphs they captured and their seconds: the cold start, beside the steady state.
 Before its first level, a server with several model instances (``s1omni serve --instances N``) gets
 ``warmup`` bursts of N requests at once, untimed: a worker takes one request of a burst each, so that
 every instance has run the request (and on a GPU captured its CUDA graphs for the request's shapes)
@@ -327,6 +332,33 @@ async def _warm_instances(url: str, body: bytes, instances: int, rounds: int) ->
             await asyncio.gather(*(one(client) for _ in range(instances)))
 
 
+def captured_graphs(samples: Samples | None) -> float | None:
+    """The CUDA graphs a server has captured (``s1omni_cuda_graph_captures_total``); None without a scrape."""
+    if samples is None:
+        return None
+    return sum(value for key, value in samples.items() if key[0] == "s1omni_cuda_graph_captures_total")
+
+
+def settle(captured: Callable[[], float | None], untimed_round: Callable[[], Load], limit: int) -> tuple[dict[str, Any], Counter[str]]:
+    """Untimed rounds (``untimed_round``) while the server still captures CUDA graphs: none where it has captured
+    none so far (no graphs, or not yet used) or its metrics do not answer, else until a round adds none to
+    ``captured()``, at most ``limit`` rounds. The rounds, the graphs they captured, their seconds and whether the
+    last round captured nothing (``settled``); and their failures."""
+    started = time.perf_counter()
+    first = count = captured()
+    rounds, failures = 0, Counter[str]()
+    settled = not count
+    while count and not settled and rounds < limit:
+        failures += untimed_round().failures
+        rounds += 1
+        latest = captured()
+        if latest is None:  # the metrics stopped answering: not known to have settled
+            break
+        settled, count = latest == count, latest
+    return {"rounds": rounds, "captures": round(count - first) if rounds else 0, "seconds": round(time.perf_counter() - started, DIGITS),
+            "settled": settled}, failures  # fmt: skip
+
+
 async def _level(url: str, body: bytes, concurrency: int, requests: int, warmup: int) -> Load:
     async with _session(url, concurrency) as client:
         return await _closed_loop(client, body, concurrency, requests, warmup)
@@ -341,11 +373,13 @@ def measure(
     warmup: int,
     progress: Callable[[str], None],
     instances: int = 1,
+    settle_rounds: int = 0,
 ) -> list[dict[str, Any]]:
     """One run per concurrency level, each client sending ``requests`` timed requests (``body``, which
     asks for ``profile``) after its own ``warmup``: client latency summary, requests/s over the timed
     window, failures, answer errors, and per-stage medians of the server's own timing. A server of
-    ``instances`` model instances first gets ``warmup`` bursts of that many requests at once."""
+    ``instances`` model instances first gets ``warmup`` bursts of that many requests at once; each level
+    first gets up to ``settle_rounds`` untimed rounds while the server captures CUDA graphs (``settle``)."""
     payload = json.dumps(body).encode("utf-8")
     bursts = warmup if instances > 1 else 0
     if bursts:
@@ -353,15 +387,25 @@ def measure(
         progress(f"http {server.name}: warmed its {instances} instances ({bursts} x {instances} requests at once)")
     runs = []
     for level in concurrency:
-        started, before = now(), scrape(server.url)
+        started = now()
+        settled, settle_failures = settle(
+            lambda: captured_graphs(scrape(server.url)),
+            lambda level=level: asyncio.run(_level(server.url, payload, level, max(warmup, 1), 0)),
+            settle_rounds,
+        )
+        if settled["rounds"]:
+            progress(f"http {server.name} c={level}: {settled['rounds']} untimed rounds captured {settled['captures']} CUDA graphs "
+                     f"in {settled['seconds']:.1f} s" + ("" if settled["settled"] else ", still capturing"))  # fmt: skip
+        before = scrape(server.url)
         load = asyncio.run(_level(server.url, payload, level, requests, warmup))
         cpu = server_cpu(before, scrape(server.url), load.answered)
         run: dict[str, Any] = {
             "subject": server.name, "profile": profile, "concurrency": level, "started": started, "finished": now(),
         }  # fmt: skip
-        run["failures"] = dict(load.failures)
+        run["failures"] = dict(load.failures + settle_failures)
         run["requests_per_client"], run["warmup_per_client"] = requests, warmup
         run["instance_warmup"] = {"instances": instances, "bursts": bursts}
+        run["settle"] = settled
         run["per_client"] = load.per_client  # each client's requests in the window, failed ones included
         run["untimed"] = load.untimed
         run["answer_errors"] = load.answer_errors

@@ -54,6 +54,7 @@ class Settings:
     serve_args: tuple[str, ...] = ()
     http_reference: bool = True  # False: the reference is not served (its HTTP figures come from another run)
     instances: int = 1  # the model instances each server runs with serve_args (its --instances): each is warmed
+    settle_rounds: int = 10  # untimed rounds at most before a level while the server captures CUDA graphs
     profile: str | None = None  # a workload name: profiled on the first engine (the reference without one)
     allow_unvalidated: bool = False  # in process only: `s1omni serve` refuses such engines, so --http skips them
     registry: str | None = None
@@ -67,8 +68,8 @@ def check(settings: Settings, manifests: Sequence[dict[str, Any]]) -> None:
         raise UsageError("nothing to run (no workloads, no --http, no --profile)")
     if settings.http and not settings.http_reference and not settings.engines:
         raise UsageError("--no-http-reference with no --engine leaves nothing to serve")
-    if settings.requests < 1 or settings.warmup < 0:
-        raise UsageError("--requests must be at least 1 and --warmup at least 0")
+    if settings.requests < 1 or settings.warmup < 0 or settings.settle_rounds < 0:
+        raise UsageError("--requests must be at least 1, --warmup and --settle-rounds at least 0")
     for path, manifest in zip(settings.engines, manifests, strict=True):
         if settings.http and not validated(manifest) and not settings.allow_unvalidated:
             raise InputError(
@@ -253,7 +254,7 @@ def http(
             record["member"] = record["member"] or member_facts(card)
             body = http_load.request_body(chosen.body, served, family)
             section["runs"] += http_load.measure(server, body, served, settings.concurrency, settings.requests, settings.warmup, note,
-                                                 settings.instances)  # fmt: skip
+                                                 settings.instances, settings.settle_rounds)  # fmt: skip
         records.write(record, settings.out)
     section["ratios"] = http_ratios(section["runs"])
     record["failures"] = sum(sum(run["failures"].values()) for run in section["runs"])

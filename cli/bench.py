@@ -58,6 +58,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--concurrency", type=_ints, default=(1, 8, 16), metavar="LIST", help="closed-loop clients per HTTP level"
     )
     parser.add_argument(
+        "--settle-rounds",
+        type=int,
+        default=10,
+        metavar="N",
+        help="before each HTTP level, at most N untimed rounds of --warmup requests a client while the server still "
+        "captures CUDA graphs (default 10; 0: none)",
+    )
+    parser.add_argument(
         "--no-http-reference",
         dest="http_reference",
         action="store_false",
@@ -119,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         serve_args=tuple(args.serve_arg),
         http_reference=args.http_reference,
         instances=served_instances(args.serve_arg),
+        settle_rounds=args.settle_rounds,
         profile=args.profile,
         allow_unvalidated=args.allow_unvalidated,
         registry=args.registry,

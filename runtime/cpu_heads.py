@@ -52,6 +52,8 @@ from typing import Any, TypeVar
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from .errors import UsageError
+
 
 @functools.cache
 def single_threaded_numpy_blas() -> tuple[str, ...]:
@@ -132,6 +134,22 @@ class HeadsPool(ThreadPoolExecutor):
 
 
 HEADS_POOLS: weakref.WeakSet[HeadsPool] = weakref.WeakSet()  # the live pools heads_pool made, for /metrics
+
+READOUT_THREADS_VARIABLE = "S1OMNI_READOUT_THREADS"
+
+
+def readout_threads() -> int:
+    """Threads of the pool that runs the heads begun during a forward: ``$S1OMNI_READOUT_THREADS``, else one a core
+    this process may use, 4 to 16. A span block's task waits there for its word chunks on another pool, so a task holds
+    its thread for several times its CPU time (the 0.8B at 16 clients on an H100: 13.8 ms held, 2.3 ms of CPU), and
+    the size bounds the tasks in flight, not the cores used: 4 threads held 13.8 ms by 6 tasks a request serve at
+    most 48 requests a second (benchmarks/README.md, ``h100-forward-alone``)."""
+    configured = os.environ.get(READOUT_THREADS_VARIABLE)
+    if configured is None:
+        return max(4, min(16, len(os.sched_getaffinity(0))))
+    if not configured.isdecimal() or int(configured) < 1:
+        raise UsageError(f"{READOUT_THREADS_VARIABLE} takes a whole number of threads, 1 or more, not {configured!r}")
+    return int(configured)
 
 
 def heads_pool(threads: int, name: str) -> HeadsPool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from s1omni.bench.profiler import HOST, idle
 from s1omni.bench.run import http_ratios, subject_names
 from s1omni.cli.bench import served_instances
-from s1omni.bench.http_load import request_body, server_cpu, server_timing
+from s1omni.bench.http_load import Load, captured_graphs, request_body, server_cpu, server_timing, settle
 from s1omni.bench.stats import nearest_rank, quantiles_ms, ratios, summarize
 from s1omni.bench.workloads import REFERENCE, backbone, measure, named
 from s1omni.cli.main import main
@@ -124,6 +125,8 @@ def test_http_runs(record: tuple[dict, Path]) -> None:
         # The heads begun during the forward ran on the readout pool: per task, a wait for a thread and a run.
         readout = cpu["head_pools"]["s1omni-head-readout"]
         assert readout["tasks_per_request"] >= 1 and readout["wait_ms_per_task"] >= 0 and readout["run_ms_per_task"] > 0
+        # The torch reference captures no CUDA graph: no untimed rounds before its levels.
+        assert run["settle"]["rounds"] == 0 and run["settle"]["captures"] == 0 and run["settle"]["settled"] is True
 
 
 def test_merged_requests_answer_as_one_request_each(tiny_model) -> None:
@@ -233,6 +236,41 @@ def test_a_server_of_several_instances_is_warmed_on_each_before_a_level_is_timed
     assert run["instance_warmup"] == {"instances": 2, "bursts": 1}
     assert run["count"] == sum(run["per_client"]) == 2 and run["failures"] == {}  # the burst is not sampled
     assert served_instances(["--batch-window-ms=2", "--instances", "3"]) == 3 and served_instances([]) == 1
+
+
+def _rounds_over(counts: list[float | None], limit: int) -> tuple[dict, int, Counter]:
+    """``settle`` against a server whose capture counter reads ``counts`` in turn; the rounds it ran."""
+    readings, ran = iter(counts), []
+
+    def one_round() -> Load:
+        ran.append(1)
+        return Load(failures=Counter({"http_500": 1}) if len(ran) == 2 else Counter())
+
+    settled, failures = settle(lambda: next(readings), one_round, limit)
+    return settled, len(ran), failures
+
+
+def test_settling_runs_rounds_until_one_captures_no_graph_and_no_more_than_the_limit() -> None:
+    # Captured before, two rounds capture more, the third none: three rounds, settled, the second's failure kept.
+    settled, ran, failures = _rounds_over([4, 9, 12, 12], 10)
+    assert (settled["rounds"], settled["captures"], settled["settled"], ran) == (3, 8, True, 3) and failures == {"http_500": 1}
+    # Still capturing at the limit: stopped there, not settled.
+    settled, ran, _ = _rounds_over([4, 9, 12, 15], 3)
+    assert (settled["rounds"], settled["captures"], settled["settled"], ran) == (3, 11, False, 3)
+    # Nothing captured so far (a server without graphs), no metrics, or no rounds allowed: no round at all.
+    for counts, limit in (([0], 10), ([None], 10), ([4], 0)):
+        settled, ran, failures = _rounds_over(counts, limit)
+        assert ran == 0 and settled["rounds"] == 0 and settled["captures"] == 0 and not failures
+    assert _rounds_over([0], 10)[0]["settled"] is True and _rounds_over([4], 0)[0]["settled"] is False
+    # The metrics stop answering after a round: not known to have settled.
+    settled, ran, _ = _rounds_over([4, None], 10)
+    assert (settled["rounds"], settled["settled"], ran) == (1, False, 1)
+
+
+def test_captured_graphs_sum_the_capture_counter_of_every_label_set() -> None:
+    samples = {("s1omni_cuda_graph_captures_total", ()): 3.0, ("s1omni_cuda_graph_captures_total", (("x", "1"),)): 2.0,
+               ("s1omni_cuda_graph_deferred_runs_total", ()): 7.0}  # fmt: skip
+    assert captured_graphs(samples) == 5.0 and captured_graphs({}) == 0 and captured_graphs(None) is None
 
 
 def test_ratios_come_from_the_same_run(tiny_model) -> None:

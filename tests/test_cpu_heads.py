@@ -17,8 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from s1omni.runtime.cpu_heads import HEADS_POOLS, gelu, heads_pool, torch_on_one_thread
+from s1omni.runtime.cpu_heads import HEADS_POOLS, READOUT_THREADS_VARIABLE, gelu, heads_pool, readout_threads, torch_on_one_thread
+from s1omni.runtime.errors import UsageError
 from s1omni.runtime.vela2.heads import SPAN_TENSORS, WORD_CHUNK, SpanHead
+
+from tests.cli import run_s1omni
 
 # Run in a fresh process: the limit is process-wide, and a test process has loaded models already.
 THREADS_AROUND_A_REQUEST = textwrap.dedent(
@@ -137,3 +140,21 @@ def test_a_heads_pool_counts_its_tasks_their_wait_for_a_thread_and_their_run() -
         assert pool.totals()[0] == 6
     finally:
         pool.shutdown()
+
+
+def test_the_readout_pool_takes_a_thread_a_core_from_4_to_16_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(READOUT_THREADS_VARIABLE, raising=False)
+    for cores, threads in ((2, 4), (6, 6), (16, 16), (64, 16)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _, cores=cores: set(range(cores)))
+        assert readout_threads() == threads
+    monkeypatch.setenv(READOUT_THREADS_VARIABLE, "3")
+    assert readout_threads() == 3
+    for bad in ("0", "-2", "four", "2.5", ""):
+        monkeypatch.setenv(READOUT_THREADS_VARIABLE, bad)
+        with pytest.raises(UsageError, match=f"{READOUT_THREADS_VARIABLE} takes a whole number of threads, 1 or more"):
+            readout_threads()
+
+
+def test_a_bad_readout_thread_count_stops_a_server_with_the_usage_exit_code(tiny_vela: Path) -> None:
+    done = run_s1omni("serve", str(tiny_vela), env={READOUT_THREADS_VARIABLE: "none"}, timeout=120)
+    assert done.returncode == 2 and f"{READOUT_THREADS_VARIABLE} takes a whole number of threads" in done.stderr, done.stderr[-2000:]

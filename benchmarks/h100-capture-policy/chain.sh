@@ -16,7 +16,7 @@
 #     0.8B validates (done before anything is timed), validated, served as h without the reference server (it answers
 #     about 1.5 router requests a second, h200-4B-http: 20 a client at 1, 8 and 16 clients would take 5.5 minutes)
 # Run with scripts/device.sh: start CHAIN (carry .device/p1), stage 2..7 (the last with .device/ort-include copied
-# to /tmp/ort-include), poll "chain done". $GPU_TESTS, if set, names other test files for t (benchmarks/forward-alone
+# to /tmp/ort-include), poll "chain done". $GPU_TESTS, if set, names other test files for t (benchmarks/h100-forward-alone
 # runs this chain again that way).
 set -u
 source scripts/device-chain.sh

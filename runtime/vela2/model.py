@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..cpu_heads import heads_pool
+from ..cpu_heads import heads_pool, readout_threads
 from ..errors import DEADLINE_EXCEEDED, MAX_LENGTH_EXCEEDED, SCAN_BUDGET_EXCEEDED, RequestError, UsageError, item_error
 from ..identity import Identity, identity_of
 from ..package import VerifiedPackage
@@ -108,7 +108,7 @@ class PlanHidden(list):
 
 
 # Heads begun during a forward: a span head fans its word chunks out to the span head's own threads.
-_HEAD_READOUTS = heads_pool(4, "s1omni-head-readout")
+_HEAD_READOUTS = heads_pool(readout_threads(), "s1omni-head-readout")
 
 
 def head_tensors(package: VerifiedPackage) -> dict[str, np.ndarray]:

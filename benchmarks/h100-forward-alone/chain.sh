@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device chain (issue 17), written on 2026-12-07, not yet run (the session's device time was spent): the capture
+# Device chain (issue 17), run on 2026-12-07 on an NVIDIA H100 80GB HBM3 (chain.txt; t in gpu-tests/, h in
+# 0.8B-http-batching/, k in 4B-http-batching/; benchmarks/README.md, h100-forward-alone). It measured the capture
 # policy of e524f7b (a worker that met a graph it could not capture holds its next forward alone,
 # CAPTURE_LOCK.forward()) and one copy of the weights a process (runtime/runners/device_weights.py) on the runs
 # h100-capture-policy made: there the 0.8B with captures that never waited answered 7.81 / 13.28 req/s at 8 / 16
