@@ -81,13 +81,16 @@ def test_two_instances_of_a_graphed_engine_serve_merged_batches_on_the_cpu(start
     # Both paths ran: graphs captured, and runs deferred while the other instance ran (each followed by a forward alone).
     assert counters["s1omni_cuda_graph_captures"] > 0 and counters["s1omni_cuda_graph_deferred_runs"] > 0, counters
     # s1omni bench's settling against this server: it has captured graphs, so a level first gets untimed rounds,
-    # each of a request a client, until one captures nothing new (here within the limit: these sizes are few).
+    # each of a request a client, until one captures nothing new (here within the limit: these sizes are few). Whether
+    # the instance warm-up or a round captures the new width depends on which instance takes what: a round after the
+    # first means the one before it captured.
     body = {**REQUESTS[2], "state": REQUESTS[2]["state"] * 3, "options": {"profile": "batching"}}  # a width not seen yet
     server_of_bench = http_load.Server("engine", server.url, [], tmp_path / "unused.log")
     (run,) = http_load.measure(server_of_bench, body, "batching", [4], requests=2, warmup=1, progress=lambda _: None,
                                instances=2, settle_rounds=6)  # fmt: skip
     assert run["failures"] == {} and run["count"] >= 8, run
-    assert 1 <= run["settle"]["rounds"] <= 6 and run["settle"]["captures"] > 0 and run["settle"]["settled"] is True, run["settle"]
+    settled = run["settle"]
+    assert 1 <= settled["rounds"] <= 6 and settled["settled"] is True and settled["captures"] >= settled["rounds"] - 1, settled
 
 
 @pytest.mark.gpu
