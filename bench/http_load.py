@@ -101,6 +101,7 @@ class Server:
     url: str
     command: list[str]
     log: Path
+    pid: int | None = None  # the server process's, where this process started it
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:
@@ -161,7 +162,7 @@ def serving(name: str, serve_args: Sequence[str], log: Path, start_timeout_s: fl
     try:
         url = f"http://{HOST}:{port}"
         _wait_ready(url, process, start_timeout_s, log)
-        yield Server(name, url, command, log)
+        yield Server(name, url, command, log, process.pid)
     finally:
         _stop(process)
 
@@ -359,7 +360,8 @@ def settle(captured: Callable[[], float | None], untimed_round: Callable[[], Loa
             "settled": settled}, failures  # fmt: skip
 
 
-async def _level(url: str, body: bytes, concurrency: int, requests: int, warmup: int) -> Load:
+async def run_level(url: str, body: bytes, concurrency: int, requests: int, warmup: int) -> Load:
+    """One closed-loop level against ``url`` (``_closed_loop``), on connections of its own."""
     async with _session(url, concurrency) as client:
         return await _closed_loop(client, body, concurrency, requests, warmup)
 
@@ -390,14 +392,14 @@ def measure(
         started = now()
         settled, settle_failures = settle(
             lambda: captured_graphs(scrape(server.url)),
-            lambda level=level: asyncio.run(_level(server.url, payload, level, max(warmup, 1), 0)),
+            lambda level=level: asyncio.run(run_level(server.url, payload, level, max(warmup, 1), 0)),
             settle_rounds,
         )
         if settled["rounds"]:
             progress(f"http {server.name} c={level}: {settled['rounds']} untimed rounds captured {settled['captures']} CUDA graphs "
                      f"in {settled['seconds']:.1f} s" + ("" if settled["settled"] else ", still capturing"))  # fmt: skip
         before = scrape(server.url)
-        load = asyncio.run(_level(server.url, payload, level, requests, warmup))
+        load = asyncio.run(run_level(server.url, payload, level, requests, warmup))
         cpu = server_cpu(before, scrape(server.url), load.answered)
         run: dict[str, Any] = {
             "subject": server.name, "profile": profile, "concurrency": level, "started": started, "finished": now(),

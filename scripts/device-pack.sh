@@ -15,7 +15,8 @@
 set -euo pipefail
 dir=${1:-.device}
 WHEELS=(onnxruntime-gpu==1.31.1 polygraphy==0.53.6 starlette==1.10.0 uvicorn==0.55.0 python-json-logger==4.2.0
-        flash-linear-attention==0.6.0 fla-core==0.6.0 pyspng==0.1.4)
+        flash-linear-attention==0.6.0 fla-core==0.6.0 pyspng==0.1.4
+        py-spy==0.4.3)  # the sampler of benchmarks/server-profile (a manylinux1 wheel: hence every platform below)
 # ray[serve]'s requirements less what the image has (torch's, transformers', onnx's, httpx's; scripts/ray-h200.sh
 # staged the same names for h200-ray), at the versions one resolution of ray[serve]==2.60.0 picks together.
 RAY_STAGED=(ray aiohappyeyeballs aiohttp aiohttp_cors aiosignal annotated_doc annotated_types attrs cffi
@@ -31,7 +32,7 @@ PLATFORMS=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --p
            --platform manylinux1_x86_64)
 mkdir -p "$dir/wheels"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 -d "$dir/wheels" "${WHEELS[@]}"
+  "${PLATFORMS[@]}" -d "$dir/wheels" "${WHEELS[@]}"
 if [ -n "${RAY:-}" ]; then
   resolved=$(mktemp -d)
   python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp "${PLATFORMS[@]}" \

@@ -7,18 +7,22 @@
 # timed windows are the steady state. Same build as h100-forward-alone; `--instances 2`, `batching`, 20 timed a client.
 #  h  the 0.8B with S1OMNI_READOUT_THREADS=4 (the old pool), engine alone (the baseline of d, same machine)
 #  d  the 0.8B with the default pool (16 threads on a 16-core host), then the reference server
+#  g  the server of h (4 threads) at 16 clients sampled by py-spy (benchmarks/server-profile/server_profile.py): the
+#     GIL's holders and every thread on a CPU, ms a request by thread pool and function, and how much of the time the
+#     GIL is held (near 1: the GIL, not the pool, bounds the server)
+#  p  the same for the server of d (the default pool): issue 17's server-side profile at 16 clients
 #  k  the 4B (h100-forward-alone's k) with the default pool, engine alone: bound by its GPU time there (10-11 req/s),
-#     it shows whether the settling and the pool change anything for a GPU-bound member
-# About 22 minutes (h100-forward-alone: 0.8B built and validated by 19:21, its bench with the reference 7 min, the 4B
-# validated and served in 6). ARMS picks a subset (e.g. ARMS=hd when the device time is short).
+#     it shows whether the settling and the pool change anything for a GPU-bound member; not in the default ARMS
+# About 17 minutes for hdgp (h100-forward-alone: the 0.8B exported, built and validated in 3 minutes, its bench with the
+# reference server 7), 23 with k. ARMS picks a subset (e.g. ARMS=hd when the device time is short).
 # Run with scripts/device.sh: start CHAIN (carry DIR/p1), stage 2..N (the last with .device/ort-include copied to
 # /tmp/ort-include), poll "chain done". Rename the folder after the card.
 set -u
 source scripts/device-chain.sh
 export S1OMNI_ORT_INCLUDE=/tmp/ort-include
-ARMS=${ARMS:-hdk}
+ARMS=${ARMS:-hdgp}
 arm() { [[ $ARMS == *$1* ]]; }
-mkdir -p $R/h $R/d $R/k
+mkdir -p $R/h $R/d $R/g $R/p $R/k
 K=ChunkedGatedDeltaRule
 NEW08=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/norms/rotary/attn16
 NEW4=bf16/graphs/gdn16/mixers/conv16/convop/heads/gates/onorms/silu/rotary/attn16
@@ -27,6 +31,12 @@ http() {  # http SIZE PRECISION OUT NO_HTTP_REFERENCE [READOUT_THREADS]: the rou
   env ${5:+S1OMNI_READOUT_THREADS=$5} NO_HTTP_REFERENCE=$4 KERNELS=$K PRECISIONS=$2 WORKLOADS=router PROFILE= HTTP=1,8,16 \
     HTTP_PROFILE=batching SERVE_ARGS=--instances=2 REQUESTS=20 bash scripts/h200.sh $1 $R/$3 bench > $R/$3/chain-bench.log 2>&1
   log "rc-$3-bench $?"; pack $3
+}
+profiled() {  # profiled OUT [READOUT_THREADS]: the 0.8B's server at 16 clients sampled by py-spy
+  env ${2:+S1OMNI_READOUT_THREADS=$2} PYSPY=/tmp/site/bin/py-spy python3 benchmarks/server-profile/server_profile.py \
+    --engine $S1OMNI_SCRATCH/engine-0.8B-$(name $NEW08) --device cuda --serve-arg=--instances=2 --profile batching \
+    --concurrency 16 --out $R/$1 > $R/$1/chain-profile.log 2>&1
+  log "rc-$1-profile $?"; pack $1
 }
 log "arms $ARMS"
 arm k && { bash scripts/h200.sh 4B $R/k synth > $R/k/chain-synth.log 2>&1 & synth4=$!; }
@@ -43,6 +53,8 @@ log "rc-h-validate $?"; pack h
 arm k && wait $build4  # nothing else on the device while the servers are timed
 if passed $R/h/validate-0.8B-$(name $NEW08).json; then
   arm h && http 0.8B $NEW08 h 1 4
+  arm g && profiled g 4
+  arm p && profiled p
   arm d && http 0.8B $NEW08 d ""
 fi
 if arm k; then
