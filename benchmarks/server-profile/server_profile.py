@@ -60,7 +60,9 @@ def sample(pyspy: str, pid: int, seconds: int, rate: int, gil: bool, out: Path) 
     """py-spy's collapsed stacks of ``pid`` (thread names first) over ``seconds``, into ``out``."""
     command = [pyspy, "record", "--threads", "--nonblocking", "-r", str(rate), "-d", str(seconds), "-f", "raw", "-o", str(out),
                "--pid", str(pid), *(["--gil"] if gil else [])]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:  # e.g. ptrace refused: py-spy says why
+        raise SystemExit(f"py-spy exited {done.returncode}: {done.stderr.strip()[-2000:]}")
 
 
 def summary(raw: Path, rate: int, seconds: float, requests: float, top: int = 30) -> dict[str, Any]:
