@@ -65,6 +65,7 @@ from .workloads import answer_errors
 HOST = "127.0.0.1"
 PATH = "/v1/systemone"
 JSON = {"content-type": "application/json"}
+SETTLE_ROUNDS = 10  # untimed rounds at most before a level while the server captures CUDA graphs (``settle``)
 REQUEST_TIMEOUT_S = 600.0  # a CPU reference of a real-size member takes seconds per request
 STOP_TIMEOUT_S = 60.0
 TIMING_ENTRY = re.compile(r"([A-Za-z_][\w-]*);dur=([0-9.]+)")
@@ -271,6 +272,16 @@ def scrape(url: str) -> Samples | None:
     }
 
 
+def counter_total(samples: Samples, name: str, keep: Callable[[dict[str, str]], bool] = lambda _: True) -> float:
+    """The counter ``name`` summed over its label sets that ``keep`` takes, in one scrape."""
+    return sum(value for key, value in samples.items() if key[0] == name and keep(dict(key[1])))
+
+
+def answered_decision(labels: dict[str, str]) -> bool:
+    """Whether a label set of ``s1omni_requests_total`` counts decision requests answered 200."""
+    return labels.get("route") in DECISION_PATHS and labels.get("status") == "200"
+
+
 def server_cpu(before: Samples | None, after: Samples | None, answered: int) -> dict[str, Any] | None:
     """The server's CPU per answered decision request between two scrapes, in ms: ``process``, each thread
     pool's and ``outside_python`` (the process's less its Python threads'); the forwards run meanwhile and
@@ -281,9 +292,9 @@ def server_cpu(before: Samples | None, after: Samples | None, answered: int) -> 
         return None
 
     def change(name: str, keep: Callable[[dict[str, str]], bool] = lambda _: True) -> float:
-        return sum(value - before.get(key, 0.0) for key, value in after.items() if key[0] == name and keep(dict(key[1])))
+        return counter_total(after, name, keep) - counter_total(before, name, keep)
 
-    counted = change("s1omni_requests_total", lambda labels: labels["route"] in DECISION_PATHS and labels["status"] == "200")
+    counted = change("s1omni_requests_total", answered_decision)
     if not answered or round(counted) != answered:
         return None
     pools = {
@@ -335,9 +346,7 @@ async def _warm_instances(url: str, body: bytes, instances: int, rounds: int) ->
 
 def captured_graphs(samples: Samples | None) -> float | None:
     """The CUDA graphs a server has captured (``s1omni_cuda_graph_captures_total``); None without a scrape."""
-    if samples is None:
-        return None
-    return sum(value for key, value in samples.items() if key[0] == "s1omni_cuda_graph_captures_total")
+    return None if samples is None else counter_total(samples, "s1omni_cuda_graph_captures_total")
 
 
 def settle(captured: Callable[[], float | None], untimed_round: Callable[[], Load], limit: int) -> tuple[dict[str, Any], Counter[str]]:

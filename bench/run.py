@@ -54,7 +54,7 @@ class Settings:
     serve_args: tuple[str, ...] = ()
     http_reference: bool = True  # False: the reference is not served (its HTTP figures come from another run)
     instances: int = 1  # the model instances each server runs with serve_args (its --instances): each is warmed
-    settle_rounds: int = 10  # untimed rounds at most before a level while the server captures CUDA graphs
+    settle_rounds: int = http_load.SETTLE_ROUNDS  # untimed rounds at most before a level while the server captures CUDA graphs
     profile: str | None = None  # a workload name: profiled on the first engine (the reference without one)
     allow_unvalidated: bool = False  # in process only: `s1omni serve` refuses such engines, so --http skips them
     registry: str | None = None

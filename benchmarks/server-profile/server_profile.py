@@ -43,11 +43,7 @@ ROUND = 5  # requests a client between the load's pauses for its slowest client
 
 def answered(url: str) -> float:
     """Decision requests the server has answered 200 so far."""
-    samples = http_load.scrape(url) or {}
-    return sum(
-        value for (name, labels), value in samples.items()
-        if name == "s1omni_requests_total" and dict(labels).get("route") in http_load.DECISION_PATHS and dict(labels).get("status") == "200"
-    )  # fmt: skip
+    return http_load.counter_total(http_load.scrape(url) or {}, "s1omni_requests_total", http_load.answered_decision)
 
 
 def load_until(url: str, body: bytes, concurrency: int, stop: threading.Event) -> None:
@@ -117,7 +113,8 @@ def main() -> None:
     instances = served_instances(args.serve_arg)
     progress = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
     with http_load.serving("server", serve, args.out / "serve.log", args.start_timeout) as server:
-        (run,) = http_load.measure(server, body, args.profile, [args.concurrency], args.requests, args.warmup, progress, instances, 10)
+        (run,) = http_load.measure(server, body, args.profile, [args.concurrency], args.requests, args.warmup, progress, instances,
+                                 http_load.SETTLE_ROUNDS)  # fmt: skip
         record: dict[str, Any] = {"command": " ".join([os.path.relpath(sys.executable), *sys.argv]), "run": run, "rate": args.rate}
         stop = threading.Event()
         clients = threading.Thread(target=load_until, args=(server.url, payload, args.concurrency, stop))
